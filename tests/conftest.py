@@ -1,0 +1,33 @@
+"""Shared fixtures: a tiny random backbone (2-layer Llama, byte-level vocab of 259) that builds in well under
+a second on CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headstart.models.backbone import Backbone, BackboneConfig, load_backbone
+
+
+def tiny_backbone(seed: int = 0, dtype: str = "float32", **tiny) -> Backbone:
+    return load_backbone(BackboneConfig(name="tiny", path="tiny", dtype=dtype, tiny={"seed": seed, **tiny}))
+
+
+@pytest.fixture
+def backbone() -> Backbone:
+    return tiny_backbone()
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_threads():
+    torch.manual_seed(0)
+    yield
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

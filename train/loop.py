@@ -1,0 +1,258 @@
+"""The one training loop for every drafter method, read top to bottom like accelerate's examples:
+prepare -> accumulate -> backward -> clip -> step -> log -> eval -> save_state.
+
+The frozen backbone runs under no_grad and is never passed to `accelerator.prepare` (no gradient sync, no
+sharding); only the drafter, its optimizer, scheduler and data loaders are prepared.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+from datetime import timedelta
+from functools import partial
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator, InitProcessGroupKwargs
+from accelerate.utils import ProjectConfiguration, set_seed
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from headstart.data import build_datasets, collate
+from headstart.models.backbone import load_backbone
+from headstart.models.checkpoint import build_drafter, save_drafter
+from headstart.models.chunked_ce import RANKS
+from headstart.train.checkpoints import find_resume_dir, prune_checkpoints, save_checkpoint
+from headstart.train.config import JobConfig
+from headstart.train.metrics import MetricSums
+from headstart.train.sampling import EpochShuffle
+
+log = logging.getLogger("headstart.train")
+
+
+def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    """Linear warmup to 1, then cosine decay to min_ratio at `total`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def make_accelerator(job: JobConfig) -> Accelerator:
+    t = job.train
+    log_with = "wandb" if job.logger.kind == "wandb" else None
+    return Accelerator(
+        gradient_accumulation_steps=t.grad_accum,
+        # our schedule counts optimizer steps, whatever the process count (accelerate would step it N times)
+        step_scheduler_with_optimizer=False,
+        mixed_precision=t.mixed_precision,
+        cpu=t.device == "cpu",
+        log_with=log_with,
+        project_config=ProjectConfiguration(project_dir=job.run_dir, logging_dir=job.run_dir),
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=t.dist_timeout_s))],
+    )
+
+
+def init_tracking(acc: Accelerator, job: JobConfig, resolved: dict) -> None:
+    if job.logger.kind != "wandb":
+        return
+    import os
+
+    if job.logger.mode:
+        os.environ["WANDB_MODE"] = job.logger.mode
+    wandb_kw = {
+        "name": job.logger.run_name or Path(job.run_dir).name,
+        "dir": job.run_dir,
+        "tags": job.logger.tags,
+    }
+    if job.logger.entity:
+        wandb_kw["entity"] = job.logger.entity
+    acc.init_trackers(job.logger.project, config=resolved, init_kwargs={"wandb": wandb_kw})
+
+
+def train(job: JobConfig, resolved: dict) -> Path:
+    """Train job.method on job.backbone; returns the folder of the final drafter."""
+    t, run_dir = job.train, Path(job.run_dir)
+    acc = make_accelerator(job)
+    set_seed(t.seed)
+    if acc.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(resolved, indent=2, default=str))
+    with acc.main_process_first():  # the GGUF conversion and tokenization happen once, on the main process
+        backbone = load_backbone(job.backbone, device=acc.device)
+        train_ds, eval_ds, data_stats = build_datasets(
+            job.data,
+            backbone.tokenizer,
+            Path(job.cache_dir) / "data",
+            backbone=backbone,
+            show_progress=acc.is_local_main_process,
+        )
+    log.info("data: %s", json.dumps(data_stats, default=str)[:2000])
+
+    drafter = build_drafter(job.method_name, job.method, backbone)
+    trainable = [p for p in drafter.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        trainable, lr=job.optim.lr, betas=tuple(job.optim.betas), weight_decay=job.optim.weight_decay
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        partial(
+            lr_lambda, warmup=job.optim.warmup_steps, total=t.max_steps, min_ratio=job.optim.min_lr_ratio
+        ),
+    )
+    pad_id = backbone.tokenizer.pad_token_id
+    make_dl = partial(DataLoader, batch_size=t.micro_batch_size, collate_fn=partial(collate, pad_id=pad_id))
+    sampler = EpochShuffle(len(train_ds), t.seed)
+    train_dl = make_dl(train_ds, sampler=sampler, drop_last=True)
+    eval_dl = make_dl(eval_ds, shuffle=False)
+    if len(train_dl) < acc.num_processes:
+        raise ValueError(
+            f"only {len(train_ds)} training rows for batch {t.micro_batch_size} x "
+            f"{acc.num_processes} processes. Fix: more data (data.max_rows) or a smaller batch"
+        )
+    drafter, optimizer, train_dl, eval_dl, scheduler = acc.prepare(
+        drafter, optimizer, train_dl, eval_dl, scheduler
+    )
+
+    step = 0
+    resume_dir = find_resume_dir(run_dir, t.resume)
+    if resume_dir is not None:
+        acc.load_state(str(resume_dir))
+        step = json.loads((resume_dir / "trainer_state.json").read_text())["step"]
+        log.info("resumed from %s at step %d", resume_dir, step)
+    init_tracking(acc, job, resolved)
+
+    consumed = step * t.grad_accum  # micro-batches this process has already seen
+    epoch, skip = divmod(consumed, len(train_dl))
+    bar = tqdm(total=t.max_steps, initial=step, disable=not acc.is_local_main_process, desc="train")
+    sums = MetricSums()
+    last_eval: dict = {}
+    drafter.train()
+    while step < t.max_steps:
+        train_dl.set_epoch(epoch)  # accelerate re-applies its own epoch counter to the sampler on __iter__
+        sampler.set_epoch(epoch)
+        batches = acc.skip_first_batches(train_dl, skip) if skip else train_dl
+        skip = 0
+        for batch in batches:
+            if t.trace_rows:
+                trace_rows(run_dir, acc.process_index, step, batch["row_ids"])
+            with acc.accumulate(drafter):
+                loss, metrics = forward_loss(acc, backbone, drafter, batch)
+                acc.backward(loss)
+                if acc.sync_gradients and job.optim.grad_clip > 0:
+                    acc.clip_grad_norm_(drafter.parameters(), job.optim.grad_clip)
+                optimizer.step()
+                if acc.sync_gradients:
+                    scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+            sums.add(metrics)
+            if not acc.sync_gradients:
+                continue
+            step += 1
+            bar.update(1)
+            if step % t.log_every == 0 or step == t.max_steps:
+                logs = sums.summarize(acc, prefix="train/") | {"train/lr": scheduler.get_last_lr()[0]}
+                sums = MetricSums()
+                acc.log(logs, step=step)
+                bar.set_postfix(
+                    loss=f"{logs['train/loss']:.3f}", acc0=f"{logs.get('train/head0/top1', 0):.2f}"
+                )
+            if step % t.eval_every == 0 or step == t.max_steps:
+                last_eval = evaluate(acc, backbone, drafter, eval_dl, t.eval_batches)
+                acc.log(last_eval, step=step)
+                brief = {k: round(v, 4) for k, v in last_eval.items() if "/rank" not in k}
+                log.info("step %d eval %s", step, json.dumps(brief))
+            if step % t.save_every == 0 or step == t.max_steps:
+                extra = {
+                    "step": step,
+                    "job": resolved,
+                    "data_stats": data_stats,
+                    "eval": last_eval,
+                    "head_topk_accuracy": head_topk_accuracy(last_eval),
+                }
+                ckpt = save_checkpoint(
+                    acc, run_dir, step, partial(save_drafter_state, acc, job, backbone, drafter, extra=extra)
+                )
+                if acc.is_main_process:
+                    prune_checkpoints(run_dir, t.keep_checkpoints)
+                log.info("checkpoint %s", ckpt)
+            if step >= t.max_steps:
+                break
+        epoch += 1
+    bar.close()
+
+    final = run_dir / "drafter"
+    final_eval = evaluate(acc, backbone, drafter, eval_dl, t.eval_batches)
+    if acc.is_main_process:
+        last = run_dir / "checkpoints" / f"step_{step:08d}" / "drafter"
+        if last.is_dir():  # the last checkpoint's drafter is the final one: copy, don't recompute
+            tmp = final.with_name("drafter.tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(last, tmp)
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)
+        (run_dir / "final_eval.json").write_text(json.dumps(final_eval, indent=2))
+    acc.wait_for_everyone()
+    acc.end_training()
+    return final
+
+
+def forward_loss(acc: Accelerator, backbone, drafter, batch) -> tuple[torch.Tensor, dict]:
+    """Backbone (frozen, no grad) -> drafter loss, normalized by the global target count of this micro-batch
+    so the gradient does not depend on how rows are split across processes."""
+    hidden, _ = backbone(batch["input_ids"], batch["attention_mask"])
+    with acc.autocast():
+        loss_sum, count, metrics = drafter(hidden, batch["labels"])
+    global_count = acc.reduce(count.detach().clone(), reduction="sum").clamp_min(1)
+    # DDP averages gradients over processes, hence the num_processes factor.
+    loss = loss_sum * acc.num_processes / global_count
+    metrics = {"loss_sum": loss_sum.detach(), "count": count.detach(), **metrics}
+    return loss, metrics
+
+
+@torch.no_grad()
+def evaluate(acc: Accelerator, backbone, drafter, eval_dl, max_batches: int) -> dict:
+    drafter.eval()
+    sums = MetricSums()
+    for i, batch in enumerate(eval_dl):
+        if i >= max_batches:
+            break
+        _, metrics = forward_loss(acc, backbone, drafter, batch)
+        sums.add(metrics)
+    drafter.train()
+    return sums.summarize(acc, prefix="eval/")
+
+
+def trace_rows(run_dir: Path, rank: int, step: int, row_ids: torch.Tensor) -> None:
+    folder = run_dir / "trace"
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"rank{rank}.jsonl", "a") as f:
+        f.write(json.dumps({"step": step, "rows": row_ids.tolist()}) + "\n")
+
+
+def head_topk_accuracy(eval_metrics: dict) -> list[list[float]]:
+    """Per head, P(target has rank r) for r = 0..9 on held-out data: the decoder builds trees from it."""
+    out, k = [], 0
+    while f"eval/head{k}/rank0" in eval_metrics:
+        out.append([eval_metrics[f"eval/head{k}/rank{r}"] for r in range(RANKS)])
+        k += 1
+    return out
+
+
+def save_drafter_state(acc, job: JobConfig, backbone, drafter, out: Path, extra: dict) -> None:
+    """The drafter as safetensors + resolved config (what eval and export read). Called on every rank."""
+    state = acc.get_state_dict(drafter)  # gathers FSDP / ZeRO-3 shards onto the main process
+    if acc.is_main_process:
+        save_drafter(
+            out,
+            acc.unwrap_model(drafter),
+            job.method_name,
+            job.method,
+            job.backbone,
+            backbone,
+            extra=extra,
+            state=state,
+        )

@@ -1,0 +1,41 @@
+"""Summed training metrics, reduced across processes before they become means (so a per-head accuracy is
+hits / targets over all ranks, not a mean of per-rank ratios)."""
+
+from __future__ import annotations
+
+import torch
+from accelerate import Accelerator
+
+
+class MetricSums:
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+
+    def add(self, metrics: dict[str, torch.Tensor]) -> None:
+        for key, value in metrics.items():
+            value = value.detach().double()
+            self.sums[key] = self.sums[key] + value if key in self.sums else value
+
+    def summarize(self, acc: Accelerator, prefix: str) -> dict[str, float]:
+        if not self.sums:
+            return {}
+        keys = sorted(self.sums)
+        flat = torch.cat([self.sums[k].reshape(-1) for k in keys]).to(acc.device)
+        flat = acc.reduce(flat, reduction="sum").cpu()
+        totals, i = {}, 0
+        for key in keys:
+            n = self.sums[key].numel()
+            totals[key] = flat[i : i + n]
+            i += n
+        out = {f"{prefix}loss": (totals["loss_sum"] / totals["count"].clamp_min(1)).item()}
+        k = 0
+        while f"head{k}/n" in totals:
+            n = totals[f"head{k}/n"].clamp_min(1)
+            hist = totals[f"head{k}/rank_hist"] / n
+            out[f"{prefix}head{k}/loss"] = (totals[f"head{k}/loss_sum"] / n).item()
+            out[f"{prefix}head{k}/top1"] = hist[0].item()
+            out[f"{prefix}head{k}/top5"] = hist[:5].sum().item()
+            if prefix == "eval/":
+                out |= {f"{prefix}head{k}/rank{r}": hist[r].item() for r in range(len(hist))}
+            k += 1
+        return out
