@@ -114,13 +114,13 @@ class MedusaHeads(nn.Module):
             h = hidden[:, :-shift][valid]  # (N_k, H) only rows that have a target
             feats = block(h.to(self.blocks_dtype))
             ce, rank_hist = linear_cross_entropy(
-                feats, self.head_weight(k), target[valid], self.cfg.loss_chunk
+                feats, self.head_weight(k), target[valid], self.cfg.loss_chunk, full_ranks=not self.training
             )
             loss = loss + (self.cfg.decay**k) * ce
             n = valid.sum()
             if k == 0:
                 count = n
             metrics[f"head{k}/loss_sum"] = ce.detach()
-            metrics[f"head{k}/rank_hist"] = rank_hist  # (RANKS,) counts; top-1 = [0], top-5 = [:5].sum()
+            metrics[f"head{k}/rank_hist"] = rank_hist  # (RANKS,) counts; top-1 = [0]; the rest in eval mode
             metrics[f"head{k}/n"] = n
         return loss, count, metrics

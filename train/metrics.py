@@ -34,8 +34,8 @@ class MetricSums:
             hist = totals[f"head{k}/rank_hist"] / n
             out[f"{prefix}head{k}/loss"] = (totals[f"head{k}/loss_sum"] / n).item()
             out[f"{prefix}head{k}/top1"] = hist[0].item()
-            out[f"{prefix}head{k}/top5"] = hist[:5].sum().item()
-            if prefix == "eval/":
+            if prefix == "eval/":  # training steps only count top-1 (see linear_cross_entropy's full_ranks)
+                out[f"{prefix}head{k}/top5"] = hist[:5].sum().item()
                 out |= {f"{prefix}head{k}/rank{r}": hist[r].item() for r in range(len(hist))}
             k += 1
         return out

@@ -1,0 +1,110 @@
+"""Fingerprints and the on-disk cache of tokenized splits.
+
+A cache entry is one safetensors file (int32 token ids and labels, flat, with per-sample offsets; the stats as
+JSON metadata), named by a hash of everything that changes its content: the source file (path, size, mtime),
+the data config, the tokenizer (vocab size, chat template, a hash of the vocab) and, for regenerated
+responses, the backbone. Another tokenizer or model therefore never reuses it. Files are written to a
+temporary name and renamed into place, so a reader never sees half a file. No pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from headstart.data.chat import Sample
+from headstart.data.config import DataConfig
+
+CACHE_VERSION = 1
+
+
+def _sha(obj: object) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    vocab = sorted(tokenizer.get_vocab().items())
+    special = {k: str(getattr(tokenizer, k, None)) for k in ("bos_token", "eos_token", "pad_token")}
+    return _sha(
+        {
+            "class": type(tokenizer).__name__,
+            "size": len(tokenizer),
+            "chat_template": tokenizer.chat_template,
+            "vocab": _sha(vocab),
+            "special": special,
+        }
+    )
+
+
+def backbone_fingerprint(backbone) -> str:
+    """Config + dtype + a few values of every parameter (distinguishes checkpoints that share a config) + its
+    tokenizer (the chat template shapes the prompts it regenerates from)."""
+    model = backbone.model
+    h = hashlib.sha256(model.config.to_json_string(use_diff=False).encode())
+    h.update(tokenizer_fingerprint(backbone.tokenizer).encode())
+    for name, p in sorted(model.named_parameters()):
+        h.update(f"{name}:{tuple(p.shape)}:{p.dtype}".encode())
+        h.update(p.detach().flatten()[:16].float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def cache_key(cfg: DataConfig, source_fp: str, tokenizer_fp: str, backbone_fp: str | None) -> str:
+    regenerated = cfg.responses == "regenerated"
+    return _sha(
+        {
+            "version": CACHE_VERSION,
+            "source": source_fp,
+            "format": cfg.format,
+            "max_length": cfg.max_length,
+            "max_rows": cfg.max_rows,
+            "eval_rows": cfg.eval_rows,
+            "seed": cfg.seed,
+            "responses": cfg.responses,
+            "regen": asdict(cfg.regen) if regenerated else None,
+            "backbone": backbone_fp if regenerated else None,
+            "tokenizer": tokenizer_fp,
+        }
+    )
+
+
+def pack(samples: list[Sample]) -> dict[str, np.ndarray]:
+    """Samples -> flat arrays: sample i is input_ids[offsets[i]:offsets[i + 1]]."""
+    lengths = np.array([len(s.input_ids) for s in samples], dtype=np.int64)  # (N,)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)  # (N + 1,)
+    cat = (lambda xs: np.concatenate(xs).astype(np.int32)) if samples else (lambda xs: np.zeros(0, np.int32))
+    return {
+        "input_ids": cat([s.input_ids for s in samples]),  # (sum T,)
+        "labels": cat([s.labels for s in samples]),  # (sum T,)
+        "offsets": offsets,
+        "row_ids": np.array([s.row_id for s in samples], dtype=np.int64),  # (N,)
+    }
+
+
+def save_splits(path: Path, splits: dict[str, dict[str, np.ndarray]], stats: dict) -> None:
+    from safetensors.numpy import save_file
+
+    tensors = {f"{split}.{k}": v for split, arrays in splits.items() for k, v in arrays.items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    try:
+        save_file(tensors, str(tmp), metadata={"stats": json.dumps(stats), "version": str(CACHE_VERSION)})
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_splits(path: Path) -> tuple[dict[str, dict[str, np.ndarray]], dict]:
+    from safetensors import safe_open
+
+    splits: dict[str, dict[str, np.ndarray]] = {}
+    with safe_open(str(path), framework="np") as f:
+        stats = json.loads(f.metadata()["stats"])
+        for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+            split, key = name.split(".", 1)
+            splits.setdefault(split, {})[key] = f.get_tensor(name)
+    return splits, stats

