@@ -191,7 +191,7 @@ def load_backbone(cfg: BackboneConfig, device: torch.device | str = "cpu") -> Ba
             model = AutoModelForCausalLM.from_pretrained(
                 path, dtype=cfg.torch_dtype, attn_implementation=cfg.attn_implementation, **kw
             )
-        except OSError as e:
+        except (OSError, ValueError) as e:
             raise BackboneError(
                 f"backbone {cfg.path!r} could not be loaded: {e}. Fix: give a Hub id, a local folder with "
                 "config.json and weights, or a .gguf file as backbone.path"

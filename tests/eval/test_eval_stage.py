@@ -1,0 +1,203 @@
+"""The eval stage end to end on the tiny backbone with the built-in decoder: report.json keys and sane values,
+the Hydra CLI, bad input, run-folder scoring, quick_eval."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from headstart.eval.config import EvalConfig, EvalError
+from headstart.eval.score import quick_eval
+from headstart.models.backbone import BackboneConfig, BackboneError, load_backbone
+from headstart.models.checkpoint import build_drafter, save_drafter
+from headstart.models.medusa import MedusaConfig
+
+REPO = Path(__file__).resolve().parents[2]
+# larger init than the default tiny model, so answers vary and drafts are sometimes rejected
+VARIED = BackboneConfig(name="tiny", path="tiny", dtype="float32", tiny={"seed": 3, "initializer_range": 0.2})
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One intra-op thread: on a shared 2-core box, 2 OpenMP threads make each tiny matmul ~1000x slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def cli(args: list[str], tmp: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(REPO / "eval" / "run.py"), *args]
+    return subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=120, env=env)
+
+
+def save_ckpt(path: Path, cfg: BackboneConfig = VARIED, backbone=None, extra: dict | None = None) -> Path:
+    """A fresh 2-head Medusa checkpoint whose config.json names `cfg` (trained on `backbone`, default: cfg's)."""
+    backbone = load_backbone(cfg) if backbone is None else backbone
+    mcfg = MedusaConfig(num_heads=2)
+    return save_drafter(path, build_drafter("medusa", mcfg, backbone), "medusa", mcfg, cfg, backbone, extra)
+
+
+@pytest.fixture
+def ckpt(tmp_path) -> Path:
+    return save_ckpt(tmp_path / "drafter")
+
+
+@pytest.fixture
+def prompt_file(tmp_path) -> Path:
+    rows = [
+        {"question_id": 1, "category": "writing", "turns": ["Write a haiku."]},
+        {"question_id": 2, "category": "writing", "turns": ["Say hi.", "Now say bye."]},
+        {"question_id": 3, "category": "coding", "turns": ["def add(a, b):"]},
+    ]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n{not json\n")
+    return path
+
+
+def _cfg(ckpt, prompts, out, **kw) -> EvalConfig:
+    return EvalConfig(
+        checkpoint=str(ckpt),
+        prompts=str(prompts),
+        out_dir=str(out),
+        max_new_tokens=8,
+        device="cpu",
+        dtype="float32",
+        **kw,
+    )
+
+
+def test_report_has_required_keys_and_sane_values(ckpt, prompt_file, tmp_path):
+    from headstart.eval.run import run
+
+    report = run(_cfg(ckpt, prompt_file, tmp_path / "out"))
+    saved = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert saved == json.loads(json.dumps(report))
+    for key in (
+        "method",
+        "backbone",
+        "checkpoint",
+        "temperature",
+        "prompts",
+        "tau",
+        "speedup",
+        "tokens_per_s",
+        "acceptance_by_position",
+        "categories",
+        "greedy_matches_vanilla",
+        "time_split",
+        "step_latency_ms",
+        "efficiency",
+    ):
+        assert key in saved, key
+    assert saved["method"] == "medusa" and saved["backbone"]["name"] == "tiny"
+    assert saved["prompts"]["n"] == 3 and saved["prompts"]["bad_rows"] == 1
+    assert 1.0 <= saved["tau"] <= 3.0  # 2 heads: at most 2 drafts + 1 token per forward
+    assert saved["speedup"] > 0 and saved["tokens_per_s"]["vanilla"] > 0 and saved["tokens_per_s"]["spec"] > 0
+    assert saved["greedy_matches_vanilla"] == 1.0  # greedy speculative decoding is lossless
+    assert saved["efficiency"] == pytest.approx(saved["speedup"] / saved["tau"])
+    assert 1 <= len(saved["acceptance_by_position"]) <= 2
+    assert all(0 <= a <= 1 for a in saved["acceptance_by_position"])
+    assert set(saved["time_split"]) >= {"draft", "verify", "bookkeeping"}
+    assert saved["step_latency_ms"]["p50"] <= saved["step_latency_ms"]["p99"]
+    assert {k: c["n"] for k, c in saved["categories"].items()} == {"coding": 1, "writing": 2}
+    answers = [json.loads(line) for line in (tmp_path / "out" / "answers.jsonl").read_text().splitlines()]
+    assert [len(a["answers"]) for a in answers] == [1, 2, 1]  # the two-turn prompt is answered turn by turn
+    for name in ("report.md", "acceptance_by_position.png", "speedup_by_category.png"):
+        assert (tmp_path / "out" / name).stat().st_size > 0
+    assert "| writing | 2 |" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_sampling_reports_no_greedy_match(ckpt, prompt_file, tmp_path):
+    from headstart.eval.run import run
+
+    report = run(_cfg(ckpt, prompt_file, tmp_path / "out", temperature=0.7, limit_per_category=1, warmup=0))
+    assert report["greedy_matches_vanilla"] is None and report["temperature"] == 0.7
+
+
+def test_run_folder_scores_every_checkpoint_and_marks_best(prompt_file, tmp_path):
+    from headstart.eval.run import run
+
+    run_dir = tmp_path / "run"
+    save_ckpt(run_dir / "checkpoints" / "step_2" / "drafter")
+    save_ckpt(run_dir / "checkpoints" / "step_10" / "drafter")
+    save_ckpt(run_dir / "drafter", extra={"step": 12})
+    (run_dir / "checkpoints" / "step_10" / "optimizer").mkdir()  # other training state is ignored
+    summary = run(_cfg(run_dir, prompt_file, tmp_path / "out", limit_per_category=1, warmup=0))
+    entries = summary["checkpoints"]
+    assert [e["step"] for e in entries] == [2, 10, 12]  # sorted by step, not by path
+    assert sum(e["best"] for e in entries) == 1
+    best = max(entries, key=lambda e: (e["speedup"], e["tau"]))
+    assert best["best"] and summary["best"] == best["checkpoint"]
+    for e in entries:
+        assert Path(e["report"]).is_file()
+    for name in ("runs.json", "runs.md", "tau_vs_step.png"):
+        assert (tmp_path / "out" / name).is_file()
+
+
+def test_checkpoint_for_another_backbone_fails_clearly(prompt_file, tmp_path):
+    from conftest import tiny_backbone
+
+    from headstart.eval.run import run
+
+    small = tiny_backbone(hidden_size=32, intermediate_size=64)
+    default_tiny = BackboneConfig(name="tiny", path="tiny", dtype="float32", tiny={"seed": 0})
+    ckpt = save_ckpt(tmp_path / "drafter", default_tiny, small)  # config.json names hidden 64, heads are 32
+    with pytest.raises(BackboneError, match="hidden_size=32"):
+        run(_cfg(ckpt, prompt_file, tmp_path / "out"))
+
+
+def test_prompt_longer_than_cache_fails_before_decoding(ckpt, prompt_file, tmp_path):
+    from headstart.eval.run import run
+
+    with pytest.raises(EvalError, match="max_cache_len=20"):
+        run(_cfg(ckpt, prompt_file, tmp_path / "out", max_cache_len=20))
+
+
+def test_quick_eval_restores_training_mode(backbone):
+    heads = build_drafter("medusa", MedusaConfig(num_heads=2), backbone)
+    heads.train()
+    ids = backbone.tokenizer("Hello there")["input_ids"]
+    res = quick_eval(backbone, heads, "medusa", [ids, ids[:3]], max_new_tokens=6)
+    assert heads.training
+    assert 1.0 <= res["tau"] <= 3.0 and res["new_tokens"] == 12
+    assert len(res["accept_by_position"]) <= 2
+
+
+def test_cli_end_to_end(ckpt, prompt_file, tmp_path):
+    out = tmp_path / "cli_out"
+    args = [
+        f"checkpoint={ckpt}",
+        f"prompts={prompt_file}",
+        f"out_dir={out}",
+        "max_new_tokens=8",
+        "device=cpu",
+    ]
+    res = cli([*args, "limit_per_category=1"], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["prompts"]["n"] == 2 and report["greedy_matches_vanilla"] == 1.0
+    assert not (out / ".hydra").exists() and not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "expect", "code"),
+    [
+        (["checkpoint=.", "max_new_token=8"], "max_new_token", 1),  # unknown key: rejected at compose time
+        (["checkpoint=.", "temperature=-0.5"], "temperature=-0.5", 2),
+        (["checkpoint=/no/such/dir"], "/no/such/dir", 2),
+    ],
+)
+def test_cli_bad_input_is_one_clear_line(args, expect, code, tmp_path):
+    res = cli([f"out_dir={tmp_path / 'o'}", *args], tmp_path)
+    assert res.returncode == code, res.stderr[-2000:]
+    assert expect in res.stderr
+    if code == 2:
+        assert "Traceback" not in res.stderr and res.stderr.strip().startswith("error:")
