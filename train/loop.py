@@ -27,6 +27,7 @@ from headstart.models.checkpoint import build_drafter, save_drafter
 from headstart.models.chunked_ce import RANKS
 from headstart.train.checkpoints import find_resume_dir, prune_checkpoints, save_checkpoint
 from headstart.train.config import JobConfig
+from headstart.train.methods import STEPS
 from headstart.train.metrics import MetricSums
 from headstart.train.sampling import EpochShuffle
 
@@ -140,7 +141,7 @@ def train(job: JobConfig, resolved: dict) -> Path:
             if t.trace_rows:
                 trace_rows(run_dir, acc.process_index, step, batch["row_ids"])
             with acc.accumulate(drafter):
-                loss, metrics = forward_loss(acc, backbone, drafter, batch)
+                loss, metrics = forward_loss(acc, STEPS[job.method_name], backbone, drafter, batch)
                 acc.backward(loss)
                 if acc.sync_gradients and job.optim.grad_clip > 0:
                     acc.clip_grad_norm_(drafter.parameters(), job.optim.grad_clip)
@@ -161,7 +162,7 @@ def train(job: JobConfig, resolved: dict) -> Path:
                     loss=f"{logs['train/loss']:.3f}", acc0=f"{logs.get('train/head0/top1', 0):.2f}"
                 )
             if step % t.eval_every == 0 or step == t.max_steps:
-                last_eval = evaluate(acc, backbone, drafter, eval_dl, t.eval_batches)
+                last_eval = evaluate(acc, STEPS[job.method_name], backbone, drafter, eval_dl, t.eval_batches)
                 acc.log(last_eval, step=step)
                 brief = {k: round(v, 4) for k, v in last_eval.items() if "/rank" not in k}
                 log.info("step %d eval %s", step, json.dumps(brief))
@@ -185,7 +186,7 @@ def train(job: JobConfig, resolved: dict) -> Path:
     bar.close()
 
     final = run_dir / "drafter"
-    final_eval = evaluate(acc, backbone, drafter, eval_dl, t.eval_batches)
+    final_eval = last_eval  # the last step always evaluates (step == max_steps)
     if acc.is_main_process:
         last = run_dir / "checkpoints" / f"step_{step:08d}" / "drafter"
         if last.is_dir():  # the last checkpoint's drafter is the final one: copy, don't recompute
@@ -200,12 +201,11 @@ def train(job: JobConfig, resolved: dict) -> Path:
     return final
 
 
-def forward_loss(acc: Accelerator, backbone, drafter, batch) -> tuple[torch.Tensor, dict]:
-    """Backbone (frozen, no grad) -> drafter loss, normalized by the global target count of this micro-batch
-    so the gradient does not depend on how rows are split across processes."""
-    hidden, _ = backbone(batch["input_ids"], batch["attention_mask"])
+def forward_loss(acc: Accelerator, step_fn, backbone, drafter, batch) -> tuple[torch.Tensor, dict]:
+    """The method's summed loss, normalized by the global target count of this micro-batch so the gradient
+    does not depend on how rows are split across processes."""
     with acc.autocast():
-        loss_sum, count, metrics = drafter(hidden, batch["labels"])
+        loss_sum, count, metrics = step_fn(backbone, drafter, batch)
     global_count = acc.reduce(count.detach().clone(), reduction="sum").clamp_min(1)
     # DDP averages gradients over processes, hence the num_processes factor.
     loss = loss_sum * acc.num_processes / global_count
@@ -214,13 +214,13 @@ def forward_loss(acc: Accelerator, backbone, drafter, batch) -> tuple[torch.Tens
 
 
 @torch.no_grad()
-def evaluate(acc: Accelerator, backbone, drafter, eval_dl, max_batches: int) -> dict:
+def evaluate(acc: Accelerator, step_fn, backbone, drafter, eval_dl, max_batches: int) -> dict:
     drafter.eval()
     sums = MetricSums()
     for i, batch in enumerate(eval_dl):
         if i >= max_batches:
             break
-        _, metrics = forward_loss(acc, backbone, drafter, batch)
+        _, metrics = forward_loss(acc, step_fn, backbone, drafter, batch)
         sums.add(metrics)
     drafter.train()
     return sums.summarize(acc, prefix="eval/")
