@@ -94,3 +94,12 @@ def test_sigkill_mid_training_then_resume_matches_uninterrupted(tmp_path):
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_wandb_offline_logs_metrics(tmp_path):
+    data = write_chat_file(tmp_path / "chat.jsonl")
+    run_dir = tmp_path / "run"
+    run_train(train_overrides(run_dir, data, tmp_path / "cache", **{"train.max_steps": 2, "logger": "wandb"}))
+    (run_file,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    blob = run_file.read_bytes()
+    assert b"train/loss" in blob and b"eval/head0/top1" in blob
