@@ -267,7 +267,20 @@ class Backbone(nn.Module):
 
     def fingerprint(self) -> dict:
         """What a drafter checkpoint must agree with: checked when heads are loaded onto a backbone."""
-        return {"hidden_size": self.hidden_size, "vocab_size": self.vocab_size, "num_layers": self.num_layers}
+        return {
+            "hidden_size": self.hidden_size,
+            "vocab_size": self.vocab_size,
+            "num_layers": self.num_layers,
+            "tokenizer": tokenizer_fingerprint(self.tokenizer),
+        }
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A short hash of the vocabulary and special tokens: two tokenizers with the same size can still differ."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    special = {k: str(v) for k, v in sorted(tokenizer.special_tokens_map.items())}
+    blob = json.dumps([vocab, special], ensure_ascii=False).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def check_compatible(backbone: Backbone, saved: dict, what: str) -> None:

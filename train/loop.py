@@ -166,6 +166,10 @@ def train(job: JobConfig, resolved: dict) -> Path:
                 acc.log(last_eval, step=step)
                 brief = {k: round(v, 4) for k, v in last_eval.items() if "/rank" not in k}
                 log.info("step %d eval %s", step, json.dumps(brief))
+            if t.quick_eval_every and (step % t.quick_eval_every == 0 or step == t.max_steps):
+                measured = measured_tau(acc, job, backbone, drafter, eval_ds)
+                acc.log(measured, step=step)
+                last_eval |= measured
             if step % t.save_every == 0 or step == t.max_steps:
                 extra = {
                     "step": step,
@@ -224,6 +228,26 @@ def evaluate(acc: Accelerator, step_fn, backbone, drafter, eval_dl, max_batches:
         sums.add(metrics)
     drafter.train()
     return sums.summarize(acc, prefix="eval/")
+
+
+def measured_tau(acc: Accelerator, job: JobConfig, backbone, drafter, eval_ds) -> dict:
+    """tau measured in the built-in decoder (greedy) on a few held-out prompts, beside the training loss: the
+    number that serving sees, not a training-time proxy. Main process only; the others wait."""
+    out: dict = {}
+    if acc.is_main_process:
+        from headstart.eval.score import quick_eval
+
+        prompts = []
+        for i in range(min(job.train.quick_eval_prompts, len(eval_ds))):
+            item = eval_ds[i]
+            first_label = int((item["labels"] != -100).nonzero()[0])  # the prompt ends where the answer starts
+            prompts.append(item["input_ids"][:first_label].tolist())
+        res = quick_eval(backbone, acc.unwrap_model(drafter), job.method_name, prompts, job.train.quick_eval_tokens)
+        out = {"measured/tau": res["tau"]}
+        out |= {f"measured/accept_pos{i}": a for i, a in enumerate(res["accept_by_position"])}
+        log.info("measured tau %.3f on %d held-out prompts", res["tau"], len(prompts))
+    acc.wait_for_everyone()
+    return out
 
 
 def trace_rows(run_dir: Path, rank: int, step: int, row_ids: torch.Tensor) -> None:

@@ -129,7 +129,10 @@ def test_run_folder_scores_every_checkpoint_and_marks_best(prompt_file, tmp_path
     save_ckpt(run_dir / "checkpoints" / "step_2" / "drafter")
     save_ckpt(run_dir / "checkpoints" / "step_10" / "drafter")
     save_ckpt(run_dir / "drafter", extra={"step": 12})
-    (run_dir / "checkpoints" / "step_10" / "optimizer").mkdir()  # other training state is ignored
+    hf_model = run_dir / "checkpoints" / "step_10" / "hf_model"  # other training state is ignored
+    hf_model.mkdir()
+    (hf_model / "config.json").write_text('{"model_type": "llama"}')
+    (hf_model / "model.safetensors").write_bytes(b"")
     summary = run(_cfg(run_dir, prompt_file, tmp_path / "out", limit_per_category=1, warmup=0))
     entries = summary["checkpoints"]
     assert [e["step"] for e in entries] == [2, 10, 12]  # sorted by step, not by path

@@ -90,3 +90,11 @@ def test_real_smollm2_gguf_converts_once_and_rebuilds_when_corrupt(tmp_path):
     bb2 = load_backbone(cfg)
     assert (folder / "model.safetensors").stat().st_size > 1000
     torch.testing.assert_close(bb2.model(ids).logits, ref)
+
+
+def test_checkpoint_with_another_tokenizer_is_refused(backbone, tmp_path):
+    heads = build_drafter("medusa", MedusaConfig(num_heads=1), backbone)
+    save_drafter(tmp_path / "d", heads, "medusa", heads.cfg, BackboneConfig(path="tiny"), backbone)
+    backbone.tokenizer.add_special_tokens({"additional_special_tokens": ["<|tool|>"]})  # same vocab size slot
+    with pytest.raises(BackboneError, match="tokenizer="):
+        load_drafter(tmp_path / "d", backbone)

@@ -1,0 +1,258 @@
+"""Benchmark our decoder against Hugging Face `generate` on the same prompts and model, interleaved per prompt.
+
+    python eval/benchmark.py --checkpoint DIR --prompts FILE --n 10 --max-new-tokens 128 --dtype bfloat16
+    python eval/benchmark.py --backbone tiny --n 4          # no drafter: vanilla + prompt lookup only
+
+Rows: ours vanilla, ours medusa (with --checkpoint), ours prompt_lookup, ours draft (with --draft); HF greedy,
+HF prompt lookup (`prompt_lookup_num_tokens`), HF assisted (`assistant_model`, with --draft). All greedy.
+tau = tokens per target forward after the prefill (the prefill's token and forward excluded, as in our
+`DecodeStats.tau`; for HF, forwards are counted by a hook on the target model), so plain decoding has tau = 1.
+Speedup is against our vanilla; `vs HF` against HF greedy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from headstart.eval.config import DEFAULT_PROMPTS, EvalError
+from headstart.eval.prompts import chat_ids, load_prompts
+from headstart.eval.run import USER_ERRORS, resolve_device
+from headstart.eval.score import eos_token_ids
+from headstart.models.backbone import Backbone, BackboneConfig, load_backbone
+from headstart.models.checkpoint import read_meta
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", default="", help="drafter checkpoint folder (its backbone is used)")
+    p.add_argument(
+        "--backbone", default="", help="backbone (Hub id, folder, .gguf, tiny); default: the checkpoint's"
+    )
+    p.add_argument("--draft", default="", help="draft model (same tokenizer) for ours draft + HF assisted")
+    p.add_argument("--prompts", default=DEFAULT_PROMPTS)
+    p.add_argument("--n", type=int, default=10, help="prompts, taken round-robin over categories")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--num-draft-tokens", type=int, default=4, help="prompt lookup / draft tokens per step")
+    p.add_argument(
+        "--tree-nodes", type=int, default=0, help="medusa candidate-tree size (0: decoder default)"
+    )
+    p.add_argument("--dtype", default="", help="float32 | bfloat16 | float16 (default: the checkpoint's)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--warmup", type=int, default=1, help="prompts run untimed through every method first")
+    p.add_argument("--out", default="", help="folder for bench.json and bench.md")
+    args = p.parse_args(argv)
+    if not args.checkpoint and not args.backbone:
+        raise EvalError(
+            "give --checkpoint DIR (a drafter) or --backbone PATH (vanilla and prompt lookup only)"
+        )
+    if args.n < 1 or args.max_new_tokens < 1 or args.num_draft_tokens < 1:
+        raise EvalError("--n, --max-new-tokens and --num-draft-tokens must be >= 1")
+    return args
+
+
+def pick_prompts(path: str, n: int) -> list[str]:
+    """First turns of n prompts, round-robin over categories so a small n still covers them."""
+    by_cat: dict[str, list[str]] = {}
+    for p in load_prompts(path).prompts:
+        by_cat.setdefault(p.category, []).append(p.turns[0])
+    queues, out = list(by_cat.values()), []
+    while len(out) < n and any(queues):
+        for q in queues:
+            if q and len(out) < n:
+                out.append(q.pop(0))
+    return out
+
+
+class ForwardCounter:
+    """Counts calls of a module's forward (a hook), e.g. the target's verify forwards inside HF generate."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module, self.calls, self._handle = module, 0, None
+
+    def __enter__(self) -> ForwardCounter:
+        self.calls = 0
+        self._handle = self.module.register_forward_hook(lambda *_: setattr(self, "calls", self.calls + 1))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._handle.remove()
+
+
+def hf_runner(backbone: Backbone, max_new_tokens: int, eos: list[int], assistant=None, **gen_kw):
+    """HF `generate`, greedy (`gen_kw` go into its GenerationConfig); returns (new tokens, tokens after the
+    prefill's, target forwards after the prefill)."""
+    from transformers import GenerationConfig
+
+    gen = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=backbone.tokenizer.pad_token_id,
+        **gen_kw,
+    )
+    kw = {"assistant_model": assistant.model} if assistant is not None else {}
+
+    @torch.no_grad()
+    def run(ids: list[int]) -> tuple[list[int], int, int]:
+        x = torch.tensor([ids], device=backbone.device)
+        with ForwardCounter(backbone.model) as counter:
+            out = backbone.model.generate(x, attention_mask=torch.ones_like(x), generation_config=gen, **kw)
+        tokens = out[0, len(ids) :].tolist()
+        return tokens, len(tokens) - 1, counter.calls - 1
+
+    return run
+
+
+def ours_runner(decoder, max_new_tokens: int, eos: list[int]):
+    def run(ids: list[int]) -> tuple[list[int], int, int]:
+        out = decoder.generate(ids, max_new_tokens, temperature=0.0, eos_token_ids=eos)
+        return list(out.tokens), sum(out.stats.accepted_per_step), out.stats.target_forwards
+
+    return run
+
+
+def build_methods(args, backbone: Backbone, draft: Backbone | None, cache_len: int) -> dict:
+    from headstart.eval.decoder import build_decoder
+
+    eos, n, k = eos_token_ids(backbone), args.max_new_tokens, args.num_draft_tokens
+    methods = {
+        "ours vanilla": ours_runner(build_decoder("vanilla", backbone, None, max_cache_len=cache_len), n, eos)
+    }
+    if args.checkpoint:
+        medusa = build_decoder(
+            "medusa", backbone, args.checkpoint, max_cache_len=cache_len, tree_nodes=args.tree_nodes or None
+        )
+        methods["ours medusa"] = ours_runner(medusa, n, eos)
+    lookup = build_decoder("prompt_lookup", backbone, None, num_draft_tokens=k, max_cache_len=cache_len)
+    methods["ours prompt_lookup"] = ours_runner(lookup, n, eos)
+    if draft is not None:
+        dec = build_decoder(
+            "draft", backbone, None, draft_backbone=draft, num_draft_tokens=k, max_cache_len=cache_len
+        )
+        methods["ours draft"] = ours_runner(dec, n, eos)
+    methods["HF greedy"] = hf_runner(backbone, n, eos)
+    methods["HF prompt_lookup"] = hf_runner(backbone, n, eos, prompt_lookup_num_tokens=k)
+    if draft is not None:
+        methods["HF assisted"] = hf_runner(backbone, n, eos, assistant=draft)
+    return methods
+
+
+def measure(methods: dict, prompts: list[list[int]], device: torch.device, warmup: int) -> dict[str, dict]:
+    def timed(fn, ids):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        tokens, stepped, forwards = fn(ids)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return tokens, stepped, forwards, time.perf_counter() - start
+
+    for ids in prompts[:warmup]:
+        for fn in methods.values():
+            fn(ids)
+    totals = {m: {"tokens": 0, "stepped": 0, "forwards": 0, "seconds": 0.0, "matches": 0} for m in methods}
+    for ids in prompts:  # interleaved: every method on this prompt before the next prompt
+        reference = None
+        for name, fn in methods.items():
+            tokens, stepped, forwards, seconds = timed(fn, ids)
+            reference = tokens if reference is None else reference  # the first method is ours vanilla
+            t = totals[name]
+            t["tokens"] += len(tokens)
+            t["stepped"] += stepped
+            t["forwards"] += forwards
+            t["seconds"] += seconds
+            t["matches"] += tokens == reference
+    return totals
+
+
+def table(totals: dict[str, dict], n_prompts: int) -> list[dict]:
+    rate = {m: t["tokens"] / t["seconds"] if t["seconds"] else 0.0 for m, t in totals.items()}
+    base, hf = rate["ours vanilla"], rate["HF greedy"]
+    return [
+        {
+            "method": m,
+            "tokens_per_s": rate[m],
+            "tau": t["stepped"] / t["forwards"] if t["forwards"] else None,
+            "speedup_vs_ours_vanilla": rate[m] / base if base else None,
+            "ratio_vs_hf_greedy": rate[m] / hf if hf else None,
+            "matches_ours_vanilla": t["matches"] / n_prompts,
+            "new_tokens": t["tokens"],
+        }
+        for m, t in totals.items()
+    ]
+
+
+def markdown(rows: list[dict], settings: dict) -> str:
+    def f(x, d=2):
+        return "n/a" if x is None else f"{x:.{d}f}"
+
+    head = ", ".join(f"{k}={v}" for k, v in settings.items())
+    lines = [
+        f"# Benchmark ({head})",
+        "",
+        "| method | tokens/s | tau | speedup vs ours vanilla | vs HF greedy | == ours vanilla | new tokens |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['method']} | {f(r['tokens_per_s'], 1)} | {f(r['tau'])} | {f(r['speedup_vs_ours_vanilla'])} "
+            f"| {f(r['ratio_vs_hf_greedy'])} | {f(r['matches_ours_vanilla'])} | {r['new_tokens']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = parse_args(argv)
+    device = resolve_device(args.device)
+    if args.checkpoint:
+        bcfg = BackboneConfig(**read_meta(args.checkpoint)["backbone"])
+    else:
+        bcfg = BackboneConfig(dtype="float32" if device.type == "cpu" else "bfloat16")
+    if args.backbone:  # with a checkpoint too: load_drafter still checks that the heads fit it
+        bcfg = replace(bcfg, name=Path(args.backbone).name, path=args.backbone)
+    if args.dtype:
+        bcfg = replace(bcfg, dtype=args.dtype)
+    backbone = load_backbone(bcfg, device)
+    draft = (
+        load_backbone(BackboneConfig(name="draft", path=args.draft, dtype=bcfg.dtype), device)
+        if args.draft
+        else None
+    )
+    prompts = [
+        chat_ids(backbone.tokenizer, [{"role": "user", "content": t}])
+        for t in pick_prompts(args.prompts, args.n)
+    ]
+    cache_len = max(len(p) for p in prompts) + args.max_new_tokens + 256  # room for one step's verify tree
+    totals = measure(build_methods(args, backbone, draft, cache_len), prompts, device, args.warmup)
+    rows = table(totals, len(prompts))
+    settings = {
+        "backbone": bcfg.name,
+        "dtype": bcfg.dtype,
+        "device": str(device),
+        "prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "num_draft_tokens": args.num_draft_tokens,
+    }
+    text = markdown(rows, settings)
+    print(text)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "bench.json").write_text(json.dumps({"settings": settings, "rows": rows}, indent=2))
+        (out / "bench.md").write_text(text)
+    return rows
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except USER_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,86 @@
+"""Typed schema for `eval/run.py`. conf/eval/eval.yaml only fills values; `EvalConfig` is registered in Hydra's
+ConfigStore, so an unknown key (`max_new_token=8`) or a wrong type fails at compose time naming the key, and
+`__post_init__` range checks run when the composed config becomes an object (`to_eval_config`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+import headstart.data
+from headstart.models.backbone import DTYPES
+from headstart.train.config import LoggerConfig
+
+DEFAULT_PROMPTS = str(Path(headstart.data.__file__).parent / "dev_prompts.jsonl")
+SPEC_METHODS = ("medusa", "prompt_lookup", "draft", "eagle")
+
+
+class EvalError(ValueError):
+    """Bad eval input (prompts, checkpoint, options); the message names the cause and the fix."""
+
+
+@dataclass
+class EvalConfig:
+    # A drafter checkpoint folder (config.json + model.safetensors) or a run folder holding several of them.
+    checkpoint: str = ""
+    prompts: str = DEFAULT_PROMPTS  # Spec-Bench / MT-bench jsonl: question_id, category, turns
+    out_dir: str = "runs/eval/${now:%Y-%m-%d_%H-%M-%S}"  # single process: a timestamp cannot differ by rank
+    method: str = ""  # speculative method; empty: the checkpoint's own (medusa, ...)
+    limit_per_category: int = 0  # first N prompts of each category; 0: all
+    max_new_tokens: int = 128  # per turn
+    temperature: float = 0.0  # 0: greedy (and the spec output is checked against vanilla's)
+    top_p: float = 1.0
+    seed: int = 0  # turn t of prompt i samples with seed + 1000 i + t, the same for vanilla and spec
+    device: str = "auto"  # auto (cuda when present) | cpu | cuda | cuda:N
+    dtype: str = ""  # empty: the dtype the checkpoint's backbone was trained with
+    max_cache_len: int = 2048  # KV-cache length: every turn's full conversation + its answer must fit
+    num_draft_tokens: int = 4  # prompt_lookup / draft: tokens proposed per step
+    # medusa: "" (built from the checkpoint's head accuracies, else Medusa's default) | default | chain
+    tree: str = ""
+    tree_nodes: int = 0  # medusa: candidate-tree size; 0 = the decoder's default (63; CPUs prefer ~8-32)
+    draft: str = ""  # method=draft: the draft model (Hub id, folder or .gguf), same tokenizer as the target
+    warmup: int = 1  # prompts decoded untimed (both paths) before measuring
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise EvalError(f"temperature={self.temperature}: must be >= 0 (0 is greedy). Fix: temperature=0")
+        if not 0 < self.top_p <= 1:
+            raise EvalError(f"top_p={self.top_p}: must be in (0, 1]")
+        if self.max_new_tokens < 1 or self.max_cache_len < 2 or self.num_draft_tokens < 1:
+            raise EvalError("max_new_tokens, num_draft_tokens must be >= 1 and max_cache_len >= 2")
+        if self.tree not in ("", "default", "chain") or self.tree_nodes < 0:
+            raise EvalError(
+                f"tree={self.tree!r} / tree_nodes={self.tree_nodes}: expected tree in '', default, chain "
+                "and tree_nodes >= 0"
+            )
+        if self.limit_per_category < 0 or self.warmup < 0:
+            raise EvalError("limit_per_category and warmup must be >= 0 (limit 0 means all prompts)")
+        if self.dtype and self.dtype not in DTYPES:
+            raise EvalError(f"dtype={self.dtype!r}: expected one of {sorted(DTYPES)} or empty (checkpoint's)")
+        if self.method and self.method not in SPEC_METHODS:
+            raise EvalError(f"method={self.method!r}: expected one of {list(SPEC_METHODS)} or empty")
+        if self.method == "draft" and not self.draft:
+            raise EvalError("method=draft needs a draft model. Fix: draft=<Hub id, folder or .gguf>")
+        if not (self.device in ("auto", "cpu", "mps") or self.device.split(":")[0] == "cuda"):
+            raise EvalError(f"device={self.device!r}: expected auto, cpu, cuda or cuda:N")
+        if not self.checkpoint:
+            raise EvalError("checkpoint= is required. Fix: checkpoint=runs/<run>/drafter (or the run folder)")
+
+
+def register_configs() -> None:
+    ConfigStore.instance().store(name="eval_schema", node=EvalConfig)
+
+
+def to_eval_config(cfg: DictConfig) -> EvalConfig:
+    """Composed DictConfig -> EvalConfig (runs the __post_init__ checks; their ValueErrors are user errors)."""
+    try:
+        return OmegaConf.to_object(cfg)
+    except EvalError:
+        raise
+    except ValueError as e:  # a nested schema's range check (logger.kind=...)
+        raise EvalError(str(e)) from e

@@ -1,0 +1,189 @@
+"""Write an eval's results: report.json, report.md, answers.jsonl and PNG plots for one checkpoint; runs.json,
+runs.md and a tau-vs-step plot for a run folder of checkpoints; the same figures to W&B when a logger is on.
+
+Plots use matplotlib's object API (`Figure`, Agg canvas): no pyplot global state and no display needed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+
+def _fmt(x, digits: int = 2) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def plot_acceptance(report: dict, path: Path) -> Path:
+    fig = Figure(figsize=(6, 3.5))
+    ax = fig.add_subplot()
+    acc = report["acceptance_by_position"]
+    ax.bar(range(1, len(acc) + 1), acc, label="share of steps")
+    rate = report.get("acceptance_rate_by_position") or []
+    if rate:
+        ax.plot(range(1, len(rate) + 1), rate, "o-", color="C1", label="rate given proposed")
+    ax.set(
+        xlabel="draft position",
+        ylabel="accepted",
+        ylim=(0, 1.05),
+        title=f"Acceptance (tau={_fmt(report['tau'])})",
+    )
+    ax.set_xticks(range(1, len(acc) + 1))
+    ax.legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def plot_speedup(report: dict, path: Path) -> Path:
+    fig = Figure(figsize=(7, 3.5))
+    ax = fig.add_subplot()
+    cats = report["categories"]
+    names = list(cats)
+    ax.bar(names, [cats[n]["speedup"] or 0 for n in names])
+    ax.axhline(1.0, color="grey", lw=1, ls="--")
+    ax.set(ylabel="speedup vs vanilla", title=f"Speedup by category (all: {_fmt(report['speedup'])}x)")
+    for label in ax.get_xticklabels():
+        label.set(rotation=40, ha="right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def markdown(report: dict) -> str:
+    r = report
+    lines = [
+        f"# Eval: {r['method']} on {r['backbone'].get('name')}",
+        "",
+        f"- checkpoint: `{r['checkpoint']}`",
+        f"- prompts: `{r['prompts']['file']}` ({r['prompts']['n']} used, {r['prompts']['bad_rows']} bad rows)",
+        f"- device {r['device']}, dtype {r['dtype']}, temperature {r['temperature']}, "
+        f"max_new_tokens {r['max_new_tokens']}",
+        "",
+        "| metric | value |",
+        "|---|---|",
+        f"| tau (tokens / target forward) | {_fmt(r['tau'], 3)} |",
+        f"| speedup vs vanilla (median per prompt) | {_fmt(r['speedup'], 3)} ({_fmt(r['speedup_median'], 3)}) |",
+        f"| efficiency (speedup / tau) | {_fmt(r['efficiency'], 3)} |",
+        f"| tokens/s vanilla / spec | {_fmt(r['tokens_per_s']['vanilla'], 1)} / {_fmt(r['tokens_per_s']['spec'], 1)} |",
+        f"| greedy output == vanilla | {_fmt(r['greedy_matches_vanilla'], 3)} |",
+        f"| step latency p50 / p99 (ms) | {_fmt(r['step_latency_ms']['p50'], 1)} / "
+        f"{_fmt(r['step_latency_ms']['p99'], 1)} |",
+        "| time split | " + ", ".join(f"{k} {v:.0%}" for k, v in r["time_split"].items()) + " |",
+        "",
+        "## By category",
+        "",
+        "| category | n | tau | speedup | vanilla tok/s | spec tok/s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, c in r["categories"].items():
+        tps = c["tokens_per_s"]
+        lines.append(
+            f"| {name} | {c['n']} | {_fmt(c['tau'], 3)} | {_fmt(c['speedup'], 3)} | {_fmt(tps['vanilla'], 1)} "
+            f"| {_fmt(tps['spec'], 1)} |"
+        )
+    lines += [
+        "",
+        "## Acceptance by draft position",
+        "",
+        "| position | share of steps | rate given proposed |",
+    ]
+    lines.append("|---|---|---|")
+    rates = r.get("acceptance_rate_by_position", [])
+    for i, a in enumerate(r["acceptance_by_position"]):
+        lines.append(f"| {i + 1} | {a:.3f} | {_fmt(rates[i] if i < len(rates) else None, 3)} |")
+    if r["prompts"]["bad_examples"]:
+        lines += ["", "## Skipped prompt rows", ""] + [f"- {e}" for e in r["prompts"]["bad_examples"]]
+    lines += ["", "![acceptance](acceptance_by_position.png)", "![speedup](speedup_by_category.png)", ""]
+    return "\n".join(lines)
+
+
+def write_report(out_dir: str | Path, report: dict, records: list[dict]) -> dict[str, Path]:
+    """Write report.json/.md, answers.jsonl and the plots; returns the figures by name."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    (out / "report.md").write_text(markdown(report))
+    with open(out / "answers.jsonl", "w", encoding="utf-8") as f:
+        for r in records:
+            row = {k: r[k] for k in ("question_id", "category", "match", "answers")}
+            row["tau"] = (
+                r["spec"]["step_tokens"] / r["spec"]["target_forwards"]
+                if r["spec"]["target_forwards"]
+                else None
+            )
+            f.write(json.dumps(row) + "\n")
+    return {
+        "acceptance_by_position": plot_acceptance(report, out / "acceptance_by_position.png"),
+        "speedup_by_category": plot_speedup(report, out / "speedup_by_category.png"),
+    }
+
+
+def best_index(entries: list[dict]) -> int:
+    """Best checkpoint: highest measured speedup, ties broken by tau."""
+    return max(range(len(entries)), key=lambda i: (entries[i]["speedup"] or 0.0, entries[i]["tau"] or 0.0))
+
+
+def write_runs_summary(out_dir: str | Path, entries: list[dict]) -> dict:
+    """entries: {checkpoint, step (int|None), tau, speedup, ...}. Sorts them by step (unknown last), marks the
+    best, writes runs.json/.md and tau_vs_step.png; returns what runs.json holds."""
+    out = Path(out_dir)
+    entries = sorted(entries, key=lambda e: (e["step"] is None, e["step"] or 0, e["checkpoint"]))
+    best = best_index(entries)
+    for i, e in enumerate(entries):
+        e["best"] = i == best
+    summary = {"best": entries[best]["checkpoint"], "checkpoints": entries}
+    (out / "runs.json").write_text(json.dumps(summary, indent=2))
+    lines = ["# Checkpoints", "", "| checkpoint | step | tau | speedup | best |", "|---|---|---|---|---|"]
+    for e in entries:
+        lines.append(
+            f"| `{e['checkpoint']}` | {_fmt(e['step'])} | {_fmt(e['tau'], 3)} | {_fmt(e['speedup'], 3)} "
+            f"| {'**best**' if e['best'] else ''} |"
+        )
+    lines += ["", "![tau vs step](tau_vs_step.png)", ""]
+    (out / "runs.md").write_text("\n".join(lines))
+    fig = Figure(figsize=(6, 3.5))
+    ax = fig.add_subplot()
+    pts = sorted((e["step"], e["tau"]) for e in entries if e["step"] is not None and e["tau"] is not None)
+    if pts:
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-")
+    ax.set(xlabel="training step", ylabel="tau", title="tau vs step")
+    fig.tight_layout()
+    fig.savefig(out / "tau_vs_step.png", dpi=100)
+    return summary
+
+
+def log_wandb(
+    logger_cfg,
+    out_dir: str | Path,
+    name: str,
+    config: dict,
+    history: list[dict],
+    table: tuple[list[str], list[list]],
+    figures: dict[str, Path],
+) -> None:
+    """Scalars (one `log` per history row), a table and the PNG figures to W&B. WANDB_MODE from the
+    environment is honored unless logger.mode sets it."""
+    import wandb
+
+    kw = {"mode": logger_cfg.mode} if logger_cfg.mode else {}
+    run = wandb.init(
+        project=logger_cfg.project,
+        entity=logger_cfg.entity,
+        name=logger_cfg.run_name or name,
+        tags=list(logger_cfg.tags) or None,
+        dir=str(out_dir),
+        job_type="eval",
+        config=config,
+        **kw,
+    )
+    for row in history:
+        run.log(row)
+    columns, rows = table
+    run.log({"eval/table": wandb.Table(columns=columns, data=rows)})
+    run.log({f"eval/{k}": wandb.Image(str(p)) for k, p in figures.items()})
+    run.finish()

@@ -1,0 +1,258 @@
+"""Measure a speculative decoder against vanilla decoding on the same prompts, in the same process.
+
+Speedup follows Spec-Bench (Xia et al. 2024, "Unlocking Efficiency in Large Language Model Inference"): for each
+prompt, vanilla then speculative decoding through the same `Decoder` code path (interleaved, after a warm-up, so
+drift in clocks or thermals hits both alike); speedup = spec tokens/s / vanilla tokens/s over all prompts.
+tau (mean tokens emitted per target forward after the prefill, bonus token included; the decoder's
+`DecodeStats.tau`, so vanilla is exactly 1) = sum(accepted_per_step) / target forwards, summed over prompts.
+
+`quick_eval` is the cheap in-process version training calls every N steps: greedy, no vanilla timing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from headstart.eval.config import EvalError
+from headstart.eval.prompts import Prompt, chat_ids
+
+
+@dataclass
+class GenOpts:
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    max_cache_len: int = 2048
+
+
+def eos_token_ids(backbone) -> list[int]:
+    """EOS ids from the tokenizer and the model's generation config (chat models often stop on several)."""
+    ids = {backbone.tokenizer.eos_token_id}
+    gen = getattr(backbone.model, "generation_config", None)
+    extra = getattr(gen, "eos_token_id", None) if gen is not None else None
+    ids.update(extra if isinstance(extra, list) else [extra])
+    return sorted(i for i in ids if i is not None)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def check_fits(n_prompt: int, opts: GenOpts, where: str) -> None:
+    if n_prompt + opts.max_new_tokens > opts.max_cache_len:
+        raise EvalError(
+            f"{where}: {n_prompt} prompt tokens + max_new_tokens={opts.max_new_tokens} exceed the KV cache "
+            f"(max_cache_len={opts.max_cache_len}). Fix: raise max_cache_len, lower max_new_tokens, or drop the prompt"
+        )
+
+
+def answer(decoder, backbone, prompt: Prompt, opts: GenOpts, seed: int) -> list[dict]:
+    """Answer every turn of `prompt`; each answer becomes the assistant message before the next user turn.
+    Returns one dict per turn: tokens, stats (DecodeStats), wall_s."""
+    tok, eos, device = backbone.tokenizer, eos_token_ids(backbone), backbone.device
+    messages: list[dict[str, str]] = []
+    turns = []
+    for t, user in enumerate(prompt.turns):
+        messages.append({"role": "user", "content": user})
+        ids = chat_ids(tok, messages)
+        check_fits(len(ids), opts, f"prompt {prompt.question_id!r} turn {t + 1}")
+        _sync(device)
+        start = time.perf_counter()
+        out = decoder.generate(
+            ids,
+            opts.max_new_tokens,
+            temperature=opts.temperature,
+            top_p=opts.top_p,
+            seed=seed + t,
+            eos_token_ids=eos,
+        )
+        _sync(device)
+        wall = time.perf_counter() - start
+        turns.append({"tokens": list(out.tokens), "stats": out.stats, "wall_s": wall})
+        messages.append({"role": "assistant", "content": tok.decode(out.tokens, skip_special_tokens=True)})
+    return turns
+
+
+def _add(a: list, b: list) -> list:
+    n = max(len(a), len(b))
+    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
+
+
+def summarize_turns(turns: list[dict]) -> dict:
+    """Sum a prompt's turns into plain numbers (JSON-friendly)."""
+    s = {
+        "new_tokens": 0,
+        "step_tokens": 0,
+        "target_forwards": 0,
+        "wall_s": 0.0,
+        "accepted_by_position": [],
+        "proposed_by_position": [],
+        "time_s": {},
+        "step_latency_s": [],
+    }
+    for turn in turns:
+        st = turn["stats"]
+        s["new_tokens"] += st.new_tokens
+        s["step_tokens"] += sum(st.accepted_per_step)  # new_tokens minus the prefill's token
+        s["target_forwards"] += st.target_forwards
+        s["wall_s"] += turn["wall_s"]
+        s["accepted_by_position"] = _add(s["accepted_by_position"], list(st.accepted_by_position))
+        s["proposed_by_position"] = _add(s["proposed_by_position"], list(st.proposed_by_position))
+        for k, v in st.time_s.items():
+            s["time_s"][k] = s["time_s"].get(k, 0.0) + v
+        s["step_latency_s"] += list(st.step_latency_s)
+    return s
+
+
+def score_prompts(
+    vanilla, spec, backbone, prompts: list[Prompt], opts: GenOpts, warmup: int = 1, on_prompt=None
+) -> list[dict]:
+    """Interleaved per prompt: vanilla, then spec, same decoder code path. One record per prompt."""
+    for p in prompts[:warmup]:  # untimed: kernels, allocator and caches warm on both paths
+        short = replace(opts, max_new_tokens=min(opts.max_new_tokens, 16))
+        answer(vanilla, backbone, Prompt(p.question_id, p.category, p.turns[:1]), short, opts.seed)
+        answer(spec, backbone, Prompt(p.question_id, p.category, p.turns[:1]), short, opts.seed)
+    records = []
+    for i, p in enumerate(prompts):
+        seed = opts.seed + 1000 * i
+        v, s = answer(vanilla, backbone, p, opts, seed), answer(spec, backbone, p, opts, seed)
+        records.append(
+            {
+                "question_id": p.question_id,
+                "category": p.category,
+                "match": all(a["tokens"] == b["tokens"] for a, b in zip(v, s)),
+                "vanilla": summarize_turns(v),
+                "spec": summarize_turns(s),
+                "answers": [backbone.tokenizer.decode(t["tokens"], skip_special_tokens=True) for t in s],
+            }
+        )
+        if on_prompt is not None:
+            on_prompt(i + 1, len(prompts))
+    return records
+
+
+def _rate(tokens: float, seconds: float) -> float:
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def _percentile_ms(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q) * 1000) if values else None
+
+
+def _tps(records: list[dict], side: str) -> float:
+    """Tokens per second of one side ("vanilla" | "spec") over records: total tokens / total wall time."""
+    return _rate(sum(r[side]["new_tokens"] for r in records), sum(r[side]["wall_s"] for r in records))
+
+
+def _tau(records: list[dict]) -> float | None:
+    return _ratio(
+        sum(r["spec"]["step_tokens"] for r in records), sum(r["spec"]["target_forwards"] for r in records)
+    )
+
+
+def _speedup(records: list[dict]) -> float | None:
+    return _ratio(_tps(records, "spec"), _tps(records, "vanilla"))
+
+
+def aggregate(records: list[dict], greedy: bool) -> dict:
+    """Records of `score_prompts` -> the report's metrics (totals over prompts, then per category)."""
+    fwd = sum(r["spec"]["target_forwards"] for r in records)
+    accepted, proposed, times = [], [], {}
+    for r in records:
+        accepted = _add(accepted, r["spec"]["accepted_by_position"])
+        proposed = _add(proposed, r["spec"]["proposed_by_position"])
+        for k, t in r["spec"]["time_s"].items():
+            times[k] = times.get(k, 0.0) + t
+    total = times.get("total") or sum(t for k, t in times.items() if k != "total")
+    tau, speedup = _tau(records), _speedup(records)
+    per_prompt = [x for r in records if (x := _speedup([r])) is not None]
+    categories = {}
+    for name in sorted({r["category"] for r in records}):
+        sub = [r for r in records if r["category"] == name]
+        categories[name] = {
+            "tau": _tau(sub),
+            "speedup": _speedup(sub),
+            "n": len(sub),
+            "tokens_per_s": {"vanilla": _tps(sub, "vanilla"), "spec": _tps(sub, "spec")},
+        }
+
+    def latency(side: str) -> dict:
+        values = [x for r in records for x in r[side]["step_latency_s"]]
+        return {"p50": _percentile_ms(values, 50), "p99": _percentile_ms(values, 99)}
+
+    return {
+        "tau": tau,
+        "speedup": speedup,
+        # median of per-prompt speedups: robust to a busy machine slowing a few prompts (each pair is interleaved)
+        "speedup_median": float(np.median(per_prompt)) if per_prompt else None,
+        "efficiency": _ratio(speedup, tau) if speedup is not None else None,  # speedup per accepted token
+        "tokens_per_s": {"vanilla": _tps(records, "vanilla"), "spec": _tps(records, "spec")},
+        "new_tokens": {side: sum(r[side]["new_tokens"] for r in records) for side in ("vanilla", "spec")},
+        "target_forwards": fwd,
+        # share of all steps in which draft position i was accepted (1 + their sum = tau, up to EOS cuts) ...
+        "acceptance_by_position": [a / fwd if fwd else 0.0 for a in accepted],
+        # ... and the acceptance rate given a draft existed at position i
+        "acceptance_rate_by_position": [a / p if p else 0.0 for a, p in zip(accepted, proposed)],
+        "categories": categories,
+        "greedy_matches_vanilla": sum(r["match"] for r in records) / len(records)
+        if greedy and records
+        else None,
+        "time_s": times,
+        "time_split": {k: t / total for k, t in times.items() if k != "total" and total},
+        "step_latency_ms": latency("spec"),
+        "vanilla_step_latency_ms": latency("vanilla"),
+    }
+
+
+@torch.no_grad()
+def quick_eval(
+    backbone, drafter, method: str, prompts: list[list[int]], max_new_tokens: int, **decoder_opts
+) -> dict:
+    """Greedy-decode token-id prompts with the drafter as it is now (training calls this every N steps).
+
+    Returns tau, accept_by_position (share of steps accepting draft position i), acceptance_rate_by_position,
+    new_tokens, target_forwards, tokens_per_s. The drafter's train/eval mode is restored afterwards."""
+    from headstart.eval.decoder import Decoder
+
+    if not prompts:
+        raise EvalError("quick_eval needs at least one prompt")
+    was_training = drafter.training if drafter is not None else False
+    if drafter is not None:
+        drafter.eval()
+    try:
+        # default cache: the longest prompt + answer, plus room for one step's verify tree
+        cache = decoder_opts.pop("max_cache_len", max(len(p) for p in prompts) + max_new_tokens + 256)
+        decoder = Decoder(backbone, method, drafter, max_cache_len=cache, **decoder_opts)
+        eos = eos_token_ids(backbone)
+        runs = []
+        for ids in prompts:
+            _sync(backbone.device)
+            start = time.perf_counter()
+            out = decoder.generate(list(ids), max_new_tokens, temperature=0.0, eos_token_ids=eos)
+            _sync(backbone.device)
+            runs.append({"tokens": out.tokens, "stats": out.stats, "wall_s": time.perf_counter() - start})
+    finally:
+        if drafter is not None:
+            drafter.train(was_training)
+    s = summarize_turns(runs)
+    fwd = s["target_forwards"]
+    return {
+        "tau": _ratio(s["step_tokens"], fwd),
+        "accept_by_position": [a / fwd if fwd else 0.0 for a in s["accepted_by_position"]],
+        "acceptance_rate_by_position": [
+            a / p if p else 0.0 for a, p in zip(s["accepted_by_position"], s["proposed_by_position"])
+        ],
+        "new_tokens": s["new_tokens"],
+        "target_forwards": fwd,
+        "tokens_per_s": _rate(s["new_tokens"], s["wall_s"]),
+    }
