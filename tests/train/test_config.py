@@ -38,11 +38,18 @@ def test_every_backbone_and_data_option_composes(backbone, data):
     assert isinstance(job, JobConfig) and job.method.num_heads >= 1
 
 
-@pytest.mark.parametrize("group", ["experiment", "debug", "logger", "optim", "method"])
+@pytest.mark.parametrize("group", ["experiment", "debug", "logger", "optim"])
 def test_every_other_option_composes(group):
     for option in group_options(group):
         job = to_job(make([f"{group}={option}"]))
         assert job.train.max_steps >= 1
+
+
+@pytest.mark.parametrize("job", sorted(p.stem for p in CONF.glob("*.yaml")))
+def test_every_job_config_composes_with_its_method(job):
+    """Each entry script's top-level config (medusa, and the other drafter kinds) with its default method."""
+    cfg = to_job(make(["backbone=tiny"], name=job))
+    assert cfg.method_name and cfg.method is not None
 
 
 def test_run_dir_is_deterministic_no_timestamps():
