@@ -92,10 +92,14 @@ class MedusaHeads(nn.Module):
         if labels is not None:
             return self.loss(hidden, labels)
         feats = self.features(hidden.to(self.blocks_dtype))
-        return torch.stack([f @ self.head_weight(k).to(f.dtype).T for k, f in enumerate(feats)])
+        weights = [self.head_weight(k) for k in range(len(feats))]
+        return torch.stack([f.to(w.dtype) @ w.T for f, w in zip(feats, weights)])
 
     @property
     def blocks_dtype(self) -> torch.dtype:
+        """The residual blocks' dtype (fp32 master weights while training; the serving dtype once cast)."""
+        for p in self.blocks.parameters():
+            return p.dtype
         return self.head_weight(0).dtype
 
     def loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:

@@ -75,3 +75,18 @@ def test_heads_module_has_no_backbone_state(backbone):
         MedusaConfig(num_heads=1, share_lm_head=True), backbone.hidden_size, backbone.vocab_size
     )
     assert list(heads.state_dict()) == ["blocks.0.0.linear.weight", "blocks.0.0.linear.bias"]
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_fp32_heads_on_a_bf16_backbone_decode_and_train_without_autocast(share):
+    from headstart.models.backbone import BackboneConfig, load_backbone
+
+    bb = load_backbone(BackboneConfig(name="tiny", path="tiny", dtype="bfloat16"))
+    heads = build_drafter("medusa", MedusaConfig(num_heads=2, share_lm_head=share), bb)
+    assert heads.blocks_dtype == torch.float32  # fp32 master weights, whatever the backbone dtype
+    ids = torch.randint(0, bb.vocab_size, (1, 6))
+    hidden, _ = bb(ids)
+    assert heads(hidden).shape == (2, 1, 6, bb.vocab_size)
+    loss, count, _ = heads(hidden, ids)
+    loss.backward()
+    assert heads.blocks[0][0].linear.weight.grad is not None
