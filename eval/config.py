@@ -41,7 +41,7 @@ class EvalConfig:
     num_draft_tokens: int = 4  # prompt_lookup / draft: tokens proposed per step
     # medusa: "" (built from the checkpoint's head accuracies, else Medusa's default) | default | chain
     tree: str = ""
-    tree_nodes: int = 0  # medusa: candidate-tree size; 0 = the decoder's default (63; CPUs prefer ~8-32)
+    tree_nodes: int = 0  # medusa: candidate-tree size; 0 = the decoder default (63 on CUDA, 6 on CPU)
     draft: str = ""  # method=draft: the draft model (Hub id, folder or .gguf), same tokenizer as the target
     warmup: int = 1  # prompts decoded untimed (both paths) before measuring
     logger: LoggerConfig = field(default_factory=LoggerConfig)

@@ -20,6 +20,7 @@ import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
+from tqdm.auto import tqdm
 
 from headstart.eval.config import EvalConfig, EvalError, register_configs, to_eval_config
 from headstart.eval.kv_cache import CacheFullError
@@ -137,15 +138,16 @@ class Evaluator:
         method, vanilla, spec = self.decoders(ckpt, meta, backbone, bcfg)
         n = len(self.prompts.prompts)
         log.info("scoring %s (%s) on %d prompts -> %s", ckpt, method, n, out_dir)
-        records = score_prompts(
-            vanilla,
-            spec,
-            backbone,
-            self.prompts.prompts,
-            self.opts,
-            cfg.warmup,
-            on_prompt=lambda i, total: log.info("  %d/%d", i, total) if i % 10 == 0 or i == total else None,
-        )
+        with tqdm(total=n, desc=f"eval {method} vs vanilla", unit="prompt") as bar:
+            records = score_prompts(
+                vanilla,
+                spec,
+                backbone,
+                self.prompts.prompts,
+                self.opts,
+                cfg.warmup,
+                on_prompt=lambda i, total: bar.update(i - bar.n),
+            )
         report = {
             "method": method,
             "backbone": {**asdict(bcfg), "fingerprint": backbone.fingerprint()},

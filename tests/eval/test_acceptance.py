@@ -35,7 +35,9 @@ def test_target_probs_temperature_and_top_p():
     logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
     torch.testing.assert_close(target_probs(logits, 1.0), torch.tensor([0.5, 0.3, 0.15, 0.05]))
     torch.testing.assert_close(target_probs(logits, 1.0, top_p=0.8), torch.tensor([0.625, 0.375, 0.0, 0.0]))
-    torch.testing.assert_close(target_probs(logits, 1.0, top_p=0.81), torch.tensor([0.5, 0.3, 0.15, 0]) / 0.95)
+    torch.testing.assert_close(
+        target_probs(logits, 1.0, top_p=0.81), torch.tensor([0.5, 0.3, 0.15, 0]) / 0.95
+    )
     sharp = target_probs(logits, 0.5)
     torch.testing.assert_close(sharp, torch.tensor([0.25, 0.09, 0.0225, 0.0025]) / 0.365)
 

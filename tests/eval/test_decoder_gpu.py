@@ -14,7 +14,9 @@ TEXTS = ["the cat sat on the mat. the cat sat on the", "abc abc abc abc", "Once 
 
 
 def cuda_tiny(seed: int, init: float, dtype: str = "float32"):
-    cfg = BackboneConfig(name=f"tiny{seed}", path="tiny", dtype=dtype, tiny={"seed": seed, "initializer_range": init})
+    cfg = BackboneConfig(
+        name=f"tiny{seed}", path="tiny", dtype=dtype, tiny={"seed": seed, "initializer_range": init}
+    )
     return load_backbone(cfg, device="cuda")
 
 

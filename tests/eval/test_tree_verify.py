@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from headstart.eval.kv_cache import KVCache
+from headstart.eval.kv_cache import CacheFullError, KVCache
 from headstart.eval.runner import ModelRunner
 from headstart.eval.tree import (
     MC_SIM_7B_63,
@@ -19,7 +19,9 @@ from headstart.models.backbone import BackboneConfig, load_backbone
 
 @pytest.fixture(scope="module")
 def varied():
-    return load_backbone(BackboneConfig(name="tiny", path="tiny", dtype="float32", tiny={"seed": 3, "initializer_range": 0.2}))
+    return load_backbone(
+        BackboneConfig(name="tiny", path="tiny", dtype="float32", tiny={"seed": 3, "initializer_range": 0.2})
+    )
 
 
 def test_tree_from_paths_orders_by_depth_and_links_parents():
@@ -117,3 +119,17 @@ def test_chain_tree_is_causal():
     tree = chain_tree(3)
     assert tree.parents == (-1, 0, 1, 2)
     assert torch.equal(tree.ancestors, torch.ones(4, 4, dtype=torch.bool).tril())
+
+
+def test_cache_length_rules_and_overflow(varied):
+    runner = ModelRunner(varied, max_cache_len=8)
+    runner.prefill([1, 2, 3, 4, 5])
+    cache = runner.cache
+    cache.crop(-2)
+    assert cache.length == cache.get_seq_length() == 3
+    with pytest.raises(ValueError, match="negative"):
+        cache.crop(1)
+    with pytest.raises(ValueError, match="rollback"):
+        cache.rollback(4)
+    with pytest.raises(CacheFullError, match="max_cache_len=8"):
+        runner.step(torch.arange(6), chain_tree(5))

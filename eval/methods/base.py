@@ -1,0 +1,53 @@
+"""What a drafting method hands the decoder, and what the decoder tells it back.
+
+Every method is a `Proposer`: each step it proposes candidate tokens arranged in a `Tree` (node 0 is the
+root = the last emitted token; a chain is a tree too), the decoder verifies them in one target forward,
+accepts a root-to-node path, compacts the KV cache, and reports the path back. A new method (e.g. EAGLE's
+dynamic tree: draft tokens plus parent indices) only implements this protocol; verification, acceptance,
+cache compaction, EOS/length handling and statistics are shared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from headstart.eval.tree import Tree
+
+
+@dataclass
+class Sampling:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    generator: torch.Generator | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class Draft:
+    tokens: torch.Tensor  # (n,) long on the target's device: the tokens of tree nodes 1..n
+    tree: Tree  # root + n nodes
+    # (n, V) float: the distribution each token was *sampled* from (draft-model chains, temperature > 0);
+    # None when the candidates are deterministic (top-k, lookup), i.e. point masses.
+    probs: torch.Tensor | None = None
+
+
+class Proposer(Protocol):
+    width: (
+        int  # most nodes (root included) it ever proposes: the verify width, for cache room and CUDA graphs
+    )
+
+    def start(self, prompt: list[int], hidden: torch.Tensor) -> None:
+        """After the target's prefill; hidden (H,) = final normed hidden state at the last prompt position."""
+
+    def propose(self, context: list[int], sampling: Sampling) -> Draft | None:
+        """context = prompt + emitted tokens (context[-1] is the root). None: nothing to propose this step."""
+
+    def accepted(self, path: list[int], hidden: torch.Tensor) -> None:
+        """path = accepted node indices of the last proposal (root first; [0] after a plain step);
+        hidden (q, H) = the target's final hidden states of that verify forward (a buffer: copy what you keep)."""

@@ -1,0 +1,47 @@
+"""Prompt lookup decoding (Saxena 2023; HF `prompt_lookup_num_tokens`): the training-free baseline. Find the
+last n tokens (n = max_ngram down to 1) earlier in the context and propose the tokens that followed them,
+verified as a chain."""
+
+from __future__ import annotations
+
+import torch
+
+from headstart.eval.methods.base import Draft, Sampling
+from headstart.eval.tree import chain_tree
+
+
+def find_candidates(context: torch.Tensor, max_ngram: int, num_tokens: int) -> list[int]:
+    """context (T,) long on CPU -> up to `num_tokens` tokens that followed the earliest earlier occurrence of
+    the longest matching suffix n-gram (HF's `find_candidate_pred_tokens`), or [] when none matches."""
+    length = context.shape[0]
+    for n in range(min(max_ngram, length - 1), 0, -1):
+        windows = context.unfold(0, n, 1)  # (T-n+1, n)
+        hits = (windows == context[-n:]).all(dim=1).nonzero().flatten().tolist()
+        for start in hits:
+            begin, end = start + n, min(start + n + num_tokens, length)
+            if begin < end:  # the suffix itself (begin == length) proposes nothing
+                return context[begin:end].tolist()
+    return []
+
+
+class PromptLookupProposer:
+    def __init__(self, num_draft_tokens: int, device: torch.device, max_ngram: int = 3) -> None:
+        if num_draft_tokens < 1 or max_ngram < 1:
+            raise ValueError(
+                f"prompt_lookup needs num_draft_tokens >= 1 and max_ngram >= 1, got "
+                f"{num_draft_tokens}, {max_ngram}"
+            )
+        self.k, self.max_ngram, self.device = num_draft_tokens, max_ngram, device
+        self.width = num_draft_tokens + 1
+
+    def start(self, prompt: list[int], hidden: torch.Tensor) -> None:
+        pass
+
+    def propose(self, context: list[int], sampling: Sampling) -> Draft | None:
+        tokens = find_candidates(torch.tensor(context), self.max_ngram, self.k)
+        if not tokens:
+            return None
+        return Draft(torch.tensor(tokens, device=self.device), chain_tree(len(tokens)))
+
+    def accepted(self, path: list[int], hidden: torch.Tensor) -> None:
+        pass

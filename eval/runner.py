@@ -1,0 +1,153 @@
+"""Runs one frozen backbone against its own preallocated KVCache: an eager prefill, then decode steps of q tokens
+(q = 1 for plain decoding, or a candidate tree), through the HF model's own forward (no forked model code).
+
+Each step returns the final normed hidden states (what Medusa/EAGLE heads read) and the logits, computed with
+`backbone.model.model` + `backbone.lm_head`. On CUDA with `cuda_graphs=True`, each step width is captured once
+in a CUDA graph over static buffers (ids, positions, write slots, a (1, 1, q, max_cache_len) mask) and
+replayed; a capture that fails (e.g. a model whose forward syncs with the host) falls back to eager, with a
+warning. Setting `runner.cuda_graphs = True` on a CPU runner runs the same fixed-shape path without capture
+(tests use it to check that path against the eager one).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from headstart.eval.kv_cache import CacheFullError, KVCache
+from headstart.eval.tree import Tree, chain_tree
+
+
+class ModelRunner:
+    def __init__(self, backbone, max_cache_len: int, cuda_graphs: bool = False) -> None:
+        self.body = backbone.model.model  # HF base model: embeddings -> decoder layers -> final norm
+        self.lm_head = backbone.lm_head
+        self.device, self.dtype = backbone.device, backbone.dtype
+        self.cache = KVCache(backbone.config, max_cache_len, self.dtype, self.device)
+        self.cuda_graphs = cuda_graphs and self.device.type == "cuda"  # fixed-shape steps, see module doc
+        self._masks: dict[int, tuple[torch.Tensor, int]] = {}  # eager: width -> (mask buffer, tree column)
+        self._graphs: dict[tuple[int, bool], GraphedStep | None] = {}
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+    def check_room(self, q: int) -> None:
+        if self.cache.length + q > self.cache.max_cache_len:
+            raise CacheFullError(
+                f"{self.cache.length} cached + {q} new positions exceed max_cache_len={self.cache.max_cache_len}. "
+                "Fix: raise max_cache_len"
+            )
+
+    def _forward(self, ids, pos, mask, last_only: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.body(
+            input_ids=ids, position_ids=pos, attention_mask=mask, cache=self.cache, use_cache=True
+        )
+        hidden = out.last_hidden_state[0]  # (q, H)
+        return hidden, self.lm_head(hidden[-1:] if last_only else hidden)  # (q or 1, V)
+
+    def prefill(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append `ids` after the cached prefix (eager, any length). -> last hidden (H,), last logits (V,)."""
+        self.check_room(len(ids))
+        start = self.cache.length
+        x = torch.tensor([ids], device=self.device)
+        pos = torch.arange(start, start + len(ids), device=self.device)[None]
+        hidden, logits = self._forward(x, pos, None, last_only=True)
+        self.cache.commit(len(ids))
+        return hidden[-1], logits[0]
+
+    def step(
+        self, ids: torch.Tensor, tree: Tree | None = None, last_only: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward ids (q,) after the cache without committing them. `tree` None means a causal chain.
+        -> hidden (q, H), logits (q, V) (or (1, V) for the last position when `last_only`)."""
+        q = ids.shape[0]
+        self.check_room(q)
+        start = self.cache.length
+        if self.cuda_graphs:
+            graph = self._graph(q, last_only)
+            if graph is not None:
+                depth, bias = (tree or chain_tree(q - 1)).device_tensors(self.device, self.dtype)
+                return graph.run(ids, depth, bias, start)
+        if tree is None:  # HF builds the causal mask (none at all for q == 1)
+            pos = torch.arange(start, start + q, device=self.device)[None]
+            return self._forward(ids[None], pos, None, last_only)
+        depth, bias = tree.device_tensors(self.device, self.dtype)
+        return self._forward(ids[None], (depth + start)[None], self._tree_mask(bias, start), last_only)
+
+    def _tree_mask(self, bias: torch.Tensor, start: int) -> torch.Tensor:
+        """(1, 1, q, start + q) additive mask: 0 on the whole prefix, `bias` on the tree block. One buffer per
+        width, updated in place: only the q columns written last time and the q new ones change."""
+        q = bias.shape[0]
+        buf, prev = self._masks.get(q, (None, 0))
+        if buf is None:
+            buf = torch.zeros((1, 1, q, self.cache.max_cache_len), dtype=self.dtype, device=self.device)
+        elif prev != start:
+            buf[0, 0, :, prev : prev + q] = 0.0  # the old tree block is prefix now (or beyond what is read)
+        buf[0, 0, :, start : start + q] = bias
+        self._masks[q] = (buf, start)
+        return buf[:, :, :, : start + q]
+
+    def _graph(self, width: int, last_only: bool) -> GraphedStep | None:
+        key = (width, last_only)
+        if key not in self._graphs:
+            try:
+                self._graphs[key] = GraphedStep(self, width, last_only)
+            except Exception as e:  # noqa: BLE001 - any capture failure means: run this width eagerly
+                warnings.warn(
+                    f"CUDA graph capture failed for width {width} ({e}); running it eagerly", stacklevel=2
+                )
+                self._graphs[key] = None
+        return self._graphs[key]
+
+
+class GraphedStep:
+    """One fixed-shape forward of `width` query tokens over the whole cache buffer, from static input buffers;
+    captured in a CUDA graph and replayed on CUDA, run eagerly elsewhere (so CPU tests cover the same path)."""
+
+    def __init__(self, runner: ModelRunner, width: int, last_only: bool) -> None:
+        dev, cache = runner.device, runner.cache
+        start = cache.length  # warm-up and capture write into the free slots [start, start + width)
+        self.runner, self.last_only = runner, last_only
+        self.arange = torch.arange(width, device=dev)
+        self.ids = torch.zeros((1, width), dtype=torch.long, device=dev)
+        self.pos = (self.arange + start)[None].clone()
+        self.slots = self.arange + start
+        self.mask = torch.zeros((1, 1, width, cache.max_cache_len), dtype=runner.dtype, device=dev)
+        self.neg = torch.finfo(runner.dtype).min
+        self.graph = None
+        if dev.type != "cuda":
+            return
+        cache.slots = self.slots
+        try:
+            stream = torch.cuda.Stream(dev)
+            stream.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm up kernels/allocator outside the capture
+                    runner._forward(self.ids, self.pos, self.mask, last_only)
+            torch.cuda.current_stream(dev).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self.hidden, self.logits = runner._forward(self.ids, self.pos, self.mask, last_only)
+            self.graph = graph
+        finally:
+            cache.slots = None
+
+    def run(self, ids: torch.Tensor, depth: torch.Tensor, bias: torch.Tensor, start: int):
+        width = self.ids.shape[1]
+        self.ids[0].copy_(ids)
+        torch.add(depth, start, out=self.pos[0])
+        torch.add(self.arange, start, out=self.slots)
+        mask = self.mask[0, 0]  # (width, S): prefix visible, tree block = bias, unused slots hidden
+        mask.fill_(self.neg)
+        mask[:, :start] = 0.0
+        mask[:, start : start + width] = bias
+        if self.graph is not None:
+            self.graph.replay()
+            return self.hidden, self.logits  # static buffers: valid until the next replay of this width
+        self.runner.cache.slots = self.slots
+        try:
+            return self.runner._forward(self.ids, self.pos, self.mask, self.last_only)
+        finally:
+            self.runner.cache.slots = None
