@@ -15,6 +15,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from headstart.models.backbone import Backbone, BackboneConfig, check_compatible
+from headstart.models.distill import DistillConfig
+from headstart.models.eagle import Eagle3Config, EagleConfig
 from headstart.models.medusa import MedusaConfig, MedusaHeads
 
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
@@ -26,10 +28,25 @@ def build_drafter(method: str, method_cfg, backbone: Backbone) -> nn.Module:
         heads = MedusaHeads(method_cfg, backbone.hidden_size, backbone.vocab_size)
         heads.attach_lm_head(backbone.lm_head, init=True)
         return heads
-    raise ValueError(f"unknown method {method!r}: expected one of ['medusa']")
+    if method in ("eagle", "eagle3"):
+        from headstart.models.eagle import EagleDrafter
+
+        drafter = EagleDrafter(method_cfg, backbone.config, backbone.vocab_size)
+        drafter.attach(backbone.embed_tokens, backbone.lm_head)
+        return drafter.to(device=backbone.device)
+    if method == "distillspec":
+        from headstart.models.distill_init import build_distill_drafter
+
+        return build_distill_drafter(method_cfg, backbone)
+    raise ValueError(f"unknown method {method!r}: expected one of {sorted(METHOD_CONFIGS)}")
 
 
-METHOD_CONFIGS = {"medusa": MedusaConfig}
+METHOD_CONFIGS = {
+    "medusa": MedusaConfig,
+    "distillspec": DistillConfig,
+    "eagle": EagleConfig,
+    "eagle3": Eagle3Config,
+}
 
 
 def atomic_dir(final: Path):
@@ -64,20 +81,38 @@ def save_drafter(
     extra: dict | None = None,
     state: dict | None = None,
 ) -> Path:
-    """Write the drafter atomically. `state` overrides drafter.state_dict() (e.g. gathered ZeRO-3 shards)."""
+    """Write the drafter atomically. `state` overrides drafter.state_dict() (e.g. gathered ZeRO-3 shards).
+    A drafter may add to the meta (`checkpoint_meta()`: DistillSpec's draft HF config); tensors tied to an
+    earlier one (a draft LM's lm_head and embeddings) are stored once and named in meta["tied_keys"]."""
     out_dir = Path(out_dir)
     meta = {
         "method": method,
         "method_config": asdict(method_cfg),
         "backbone": asdict(backbone_cfg),
         "backbone_fingerprint": backbone.fingerprint(),
+        **(drafter.checkpoint_meta() if hasattr(drafter, "checkpoint_meta") else {}),
         **(extra or {}),
     }
-    state = {k: v.detach().contiguous().cpu() for k, v in (state or drafter.state_dict()).items()}
+    state, tied = untie(state or drafter.state_dict())
+    if tied:
+        meta["tied_keys"] = tied
+    state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
     with atomic_dir(out_dir) as tmp:
         save_file(state, tmp / WEIGHTS_NAME, metadata={"format": "pt", "method": method})
         (tmp / CONFIG_NAME).write_text(json.dumps(meta, indent=2, default=str))
     return out_dir
+
+
+def untie(state: dict) -> tuple[dict, dict[str, str]]:
+    """Drop tensors that alias an earlier one (safetensors refuses shared memory) -> (state, {dropped: kept})."""
+    kept, tied, seen = {}, {}, {}
+    for key, value in state.items():
+        ptr = (value.device, value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape))
+        if ptr in seen and value.numel() > 0:  # every empty tensor may report the same pointer
+            tied[key] = seen[ptr]
+        else:
+            seen[ptr], kept[key] = key, value
+    return kept, tied
 
 
 def read_meta(path: str | Path) -> dict:
@@ -98,6 +133,13 @@ def load_drafter(path: str | Path, backbone: Backbone) -> tuple[nn.Module, dict]
     check_compatible(backbone, meta["backbone_fingerprint"], f"drafter checkpoint {path}")
     method = meta["method"]
     method_cfg = METHOD_CONFIGS[method](**meta["method_config"])
-    drafter = build_drafter(method, method_cfg, backbone)
-    drafter.load_state_dict(load_file(path / WEIGHTS_NAME), strict=True)
+    if method == "distillspec":  # rebuilt from the saved HF config: no pretrained draft or pruning needed
+        from headstart.models.distill_init import rebuild_drafter
+
+        drafter = rebuild_drafter(method_cfg, meta["draft_config"], backbone)
+    else:
+        drafter = build_drafter(method, method_cfg, backbone)
+    state = load_file(path / WEIGHTS_NAME)
+    state |= {key: state[src] for key, src in meta.get("tied_keys", {}).items()}
+    drafter.load_state_dict(state, strict=True)
     return drafter.to(device=backbone.device), meta

@@ -44,7 +44,9 @@ class _LinearCE(torch.autograd.Function):
                 rank = (p_t.squeeze(1) < probs.amax(-1)).long() * RANKS
             hist += torch.bincount(rank.clamp_max(RANKS), minlength=RANKS + 1)
             if need_gx or need_gw:
-                g = probs.scatter_add_(1, tc, torch.full_like(p_t, -1.0))  # d loss / d logits = softmax - onehot
+                g = probs.scatter_add_(
+                    1, tc, torch.full_like(p_t, -1.0)
+                )  # d loss / d logits = softmax - onehot
                 if need_gx:
                     grad_x[s : s + chunk] = (g @ w).to(x.dtype)
                 if need_gw:

@@ -14,6 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from headstart.data import DataConfig
 from headstart.models.backbone import BackboneConfig
+from headstart.models.distill import DistillConfig
+from headstart.models.eagle import Eagle3Config, EagleConfig
 from headstart.models.medusa import MedusaConfig
 
 
@@ -104,9 +106,30 @@ class MedusaJobConfig(JobConfig):
     method: MedusaConfig = field(default_factory=MedusaConfig)
 
 
+@dataclass
+class DistillJobConfig(JobConfig):
+    method_name: str = "distillspec"
+    method: DistillConfig = field(default_factory=DistillConfig)
+
+
+@dataclass
+class EagleJobConfig(JobConfig):
+    method_name: str = "eagle"
+    method: EagleConfig = field(default_factory=EagleConfig)
+
+
+@dataclass
+class Eagle3JobConfig(JobConfig):
+    method_name: str = "eagle3"
+    method: Eagle3Config = field(default_factory=Eagle3Config)
+
+
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="medusa_schema", node=MedusaJobConfig)
+    cs.store(name="eagle_schema", node=EagleJobConfig)
+    cs.store(name="eagle3_schema", node=Eagle3JobConfig)
+    cs.store(name="distillspec_schema", node=DistillJobConfig)
 
 
 def to_job(cfg: DictConfig) -> JobConfig:

@@ -6,7 +6,10 @@
 `--checkpoint` takes a run directory (uses its drafter/) or any drafter folder (config.json +
 model.safetensors). Writes OUT/medusa (FasterDecoding/Medusa layout) and OUT/vllm (vLLM's Medusa layout), each
 with a model card naming the base model, the data, the training config and, when an eval report exists, the
-measured acceptance and speedup.
+measured acceptance and speedup. A DistillSpec checkpoint is written as one standard HF causal-LM folder in OUT
+(models/export_draft.py; `--layout` does not apply), pushed to REPO_ID as is.
+EAGLE checkpoints go to OUT/eagle (EAGLE-1) or OUT/eagle3 (EAGLE-3/SGLang) + OUT/speculators (vLLM), whatever
+`--layout` says (models/export_eagle.py).
 """
 
 from __future__ import annotations
@@ -87,6 +90,20 @@ def export(
 ) -> list[Path]:
     drafter_dir = resolve_checkpoint(checkpoint)
     meta = read_meta(drafter_dir)
+    if meta["method"] == "distillspec":  # one standard HF causal-LM folder, whatever `layouts` says
+        from headstart.models.export_draft import export_distill
+
+        folder = export_distill(drafter_dir, meta, out, find_report(drafter_dir))
+        if push:
+            push_folder(folder, push, private)
+        return [folder]
+    if meta["method"] in ("eagle", "eagle3"):  # every layout of its method (models/export_eagle.py)
+        from headstart.models.export_eagle import export_checkpoint
+
+        folders = export_checkpoint(drafter_dir, meta, out)
+        for folder in folders if push else []:
+            push_folder(folder, f"{push}-{folder.name}", private)
+        return folders
     if meta["method"] != "medusa":
         raise ValueError(
             f"{drafter_dir} holds a {meta['method']!r} drafter; this exporter writes Medusa heads"

@@ -94,6 +94,10 @@ def train(job: JobConfig, resolved: dict) -> Path:
     log.info("data: %s", json.dumps(data_stats, default=str)[:2000])
 
     drafter = build_drafter(job.method_name, job.method, backbone)
+    if hasattr(drafter, "init_from_data"):  # e.g. EAGLE-3's draft vocabulary, from the training labels
+        init_stats = drafter.init_from_data(train_ds)
+        data_stats = {**data_stats, **init_stats}
+        log.info("drafter data init: %s", json.dumps(init_stats, default=str))
     trainable = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
         trainable, lr=job.optim.lr, betas=tuple(job.optim.betas), weight_decay=job.optim.weight_decay
@@ -140,6 +144,7 @@ def train(job: JobConfig, resolved: dict) -> Path:
         for batch in batches:
             if t.trace_rows:
                 trace_rows(run_dir, acc.process_index, step, batch["row_ids"])
+            batch["step"] = step  # the optimizer step: methods that sample seed from it (resume-exact)
             with acc.accumulate(drafter):
                 loss, metrics = forward_loss(acc, STEPS[job.method_name], backbone, drafter, batch)
                 acc.backward(loss)
@@ -240,9 +245,13 @@ def measured_tau(acc: Accelerator, job: JobConfig, backbone, drafter, eval_ds) -
         prompts = []
         for i in range(min(job.train.quick_eval_prompts, len(eval_ds))):
             item = eval_ds[i]
-            first_label = int((item["labels"] != -100).nonzero()[0])  # the prompt ends where the answer starts
+            first_label = int(
+                (item["labels"] != -100).nonzero()[0]
+            )  # the prompt ends where the answer starts
             prompts.append(item["input_ids"][:first_label].tolist())
-        res = quick_eval(backbone, acc.unwrap_model(drafter), job.method_name, prompts, job.train.quick_eval_tokens)
+        res = quick_eval(
+            backbone, acc.unwrap_model(drafter), job.method_name, prompts, job.train.quick_eval_tokens
+        )
         out = {"measured/tau": res["tau"]}
         out |= {f"measured/accept_pos{i}": a for i, a in enumerate(res["accept_by_position"])}
         log.info("measured tau %.3f on %d held-out prompts", res["tau"], len(prompts))

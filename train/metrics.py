@@ -1,5 +1,8 @@
 """Summed training metrics, reduced across processes before they become means (so a per-head accuracy is
-hits / targets over all ranks, not a mean of per-rank ratios)."""
+hits / targets over all ranks, not a mean of per-rank ratios).
+
+Keys: `loss_sum` and `count` (every method); `head{k}/...` (Medusa-style heads); any other top-level
+`<name>_sum` becomes `<name>` = sum / count (e.g. DistillSpec's `accept_sim_sum`)."""
 
 from __future__ import annotations
 
@@ -27,7 +30,11 @@ class MetricSums:
             n = self.sums[key].numel()
             totals[key] = flat[i : i + n]
             i += n
-        out = {f"{prefix}loss": (totals["loss_sum"] / totals["count"].clamp_min(1)).item()}
+        count = totals["count"].clamp_min(1)
+        out = {f"{prefix}loss": (totals["loss_sum"] / count).item()}
+        for key in keys:
+            if key.endswith("_sum") and "/" not in key and key != "loss_sum":
+                out[f"{prefix}{key[: -len('_sum')]}"] = (totals[key] / count).item()
         k = 0
         while f"head{k}/n" in totals:
             n = totals[f"head{k}/n"].clamp_min(1)

@@ -30,8 +30,11 @@ def test_checkpoint_for_another_backbone_is_refused(backbone, tmp_path):
     heads = build_drafter("medusa", MedusaConfig(num_heads=1), backbone)
     cfg = BackboneConfig(name="tiny", path="tiny", dtype="float32")
     save_drafter(tmp_path / "d", heads, "medusa", heads.cfg, cfg, backbone)
-    other = load_backbone(BackboneConfig(name="tiny32", path="tiny", dtype="float32",
-                                         tiny={"hidden_size": 32, "intermediate_size": 64}))
+    other = load_backbone(
+        BackboneConfig(
+            name="tiny32", path="tiny", dtype="float32", tiny={"hidden_size": 32, "intermediate_size": 64}
+        )
+    )
     with pytest.raises(BackboneError, match="hidden_size=64.*hidden_size=32"):
         load_drafter(tmp_path / "d", other)
 
@@ -52,7 +55,9 @@ def test_corrupt_gguf_is_a_clear_error(tmp_path):
     bad.write_bytes(b"GGUF" + os.urandom(64))
     with pytest.raises(BackboneError, match="could not be read"):
         ensure_gguf_cache(str(bad), BackboneConfig(cache_dir=str(tmp_path / "cache")))
-    assert not any((tmp_path / "cache" / "backbones").glob("*")), "a half-written cache folder was left behind"
+    assert not any((tmp_path / "cache" / "backbones").glob("*")), (
+        "a half-written cache folder was left behind"
+    )
 
 
 def test_partial_cache_is_detected(backbone, tmp_path):

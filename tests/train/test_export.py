@@ -62,7 +62,9 @@ def test_vllm_layout_names_and_roundtrip(backbone, tmp_path, share):
 def test_export_cli_writes_cards_and_pushes_without_leaking_token(backbone, tmp_path, monkeypatch, capsys):
     heads = trained_heads(backbone)
     ckpt = tmp_path / "run" / "drafter"
-    save_drafter(ckpt, heads, "medusa", heads.cfg, TINY, backbone, extra={"step": 7, "head_topk_accuracy": [[0.5]]})
+    save_drafter(
+        ckpt, heads, "medusa", heads.cfg, TINY, backbone, extra={"step": 7, "head_topk_accuracy": [[0.5]]}
+    )
     (tmp_path / "run" / "eval").mkdir()
     report = {"method": "medusa", "temperature": 0.0, "prompts": 5, "tau": 2.25, "speedup": 1.8}
     (tmp_path / "run" / "eval" / "report.json").write_text(json.dumps(report))
@@ -74,12 +76,16 @@ def test_export_cli_writes_cards_and_pushes_without_leaking_token(backbone, tmp_
             pushed.append(("create", repo_id, private))
 
         def upload_folder(self, repo_id, folder_path, commit_message):
-            pushed.append(("upload", repo_id, sorted(p.name for p in __import__("pathlib").Path(folder_path).iterdir())))
+            pushed.append(
+                ("upload", repo_id, sorted(p.name for p in __import__("pathlib").Path(folder_path).iterdir()))
+            )
 
     monkeypatch.setattr("huggingface_hub.HfApi", FakeApi)
     secret = "hf_SECRETtoken1234567890"
     monkeypatch.setenv("HF_TOKEN", secret)
-    export_cli.main(["--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "out"), "--push", "me/heads"])
+    export_cli.main(
+        ["--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "out"), "--push", "me/heads"]
+    )
     out = capsys.readouterr()
     assert secret not in out.out + out.err
     assert ("create", "me/heads-medusa", False) in pushed and ("create", "me/heads-vllm", False) in pushed

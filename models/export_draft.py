@@ -1,0 +1,104 @@
+"""Export a DistillSpec draft as a standard Hugging Face causal-LM folder: `config.json` (with `architectures` and
+`model_type`), `model.safetensors`, `generation_config.json`, the target's tokenizer files and a model card.
+
+That one layout is what every consumer of a separate draft model loads: transformers' assisted generation
+(`target.generate(..., assistant_model=AutoModelForCausalLM.from_pretrained(folder))`), vLLM's draft-model
+speculative decoding (`--speculative-config '{"model": folder, "num_speculative_tokens": 4}'`) and headstart's
+own decoder (`eval/run.py method=draft draft=folder`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+
+from headstart.models.backbone import DTYPES, BackboneConfig, load_backbone
+from headstart.models.checkpoint import load_drafter
+from headstart.models.distill import DistillDrafter
+
+
+def write_hf_draft(drafter: DistillDrafter, target, folder: Path, dtype: torch.dtype) -> Path:
+    """The draft LM in `dtype`, with the target's tokenizer and generation config (EOS ids, pad)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    draft = copy.deepcopy(drafter.draft).to(dtype)
+    draft.generation_config = copy.deepcopy(target.model.generation_config)
+    draft.config.architectures = [type(draft).__name__]
+    draft.save_pretrained(folder)  # safetensors, tied weights stored once
+    target.tokenizer.save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    if not (
+        config.get("architectures") and config.get("model_type") and (folder / "model.safetensors").is_file()
+    ):
+        raise RuntimeError(
+            f"{folder}: save_pretrained wrote no architectures / model_type / model.safetensors"
+        )
+    return folder
+
+
+def draft_model_card(meta: dict, base_model: str, draft_config: dict, report: dict | None) -> str:
+    job = meta.get("job", {})
+    data = job.get("data", {})
+    m = meta["method_config"]
+    loss = m["divergence"] + (f" (beta {m['beta']})" if m["divergence"] == "jsd" else "")
+    lines = [
+        "---",
+        f"base_model: {base_model}",
+        "library_name: transformers",
+        "tags: [speculative-decoding, draft-model, distillspec, headstart]",
+        "---",
+        f"# DistillSpec draft model for {base_model}",
+        "",
+        f"A {draft_config.get('num_hidden_layers', '?')}-layer `{draft_config.get('model_type', '?')}` draft "
+        f"distilled with headstart toward the frozen `{base_model}` (same tokenizer), for speculative decoding.",
+        "",
+        f"- init: {m['init']}" + (f" (target layers {m['keep_layers']})" if m["keep_layers"] else ""),
+        f"- divergence: {loss}, temperature {m['temperature']}; data: {m['data_mode']}"
+        + (f" (lambda {m['lambda_']})" if m["data_mode"] == "mixture" else ""),
+        f"- data: `{data.get('source', '?')}` (max_length {data.get('max_length', '?')}); steps: "
+        f"{meta.get('step', '?')}; optimizer: `{json.dumps(job.get('optim', {}))}`",
+    ]
+    ev = meta.get("eval") or {}
+    if "eval/accept_sim" in ev:
+        lines += [
+            "",
+            f"Held-out, teacher-forced: simulated acceptance 1 - TVD = {ev['eval/accept_sim']:.3f}, greedy top-1 "
+            f"agreement with the target {ev.get('eval/top1_match', float('nan')):.3f}.",
+        ]
+    if report:
+        lines += [
+            "",
+            "## Measured in headstart's speculative decoder",
+            "",
+            f"method {report.get('method')}, temperature {report.get('temperature')}, "
+            f"{report.get('prompts')} prompts: tau {report.get('tau', float('nan')):.2f} accepted tokens per "
+            f"target forward, speedup {report.get('speedup', float('nan')):.2f}x over plain decoding.",
+        ]
+    lines += [
+        "",
+        "## Use",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        f'target = AutoModelForCausalLM.from_pretrained("{base_model}")',
+        'draft = AutoModelForCausalLM.from_pretrained("<this repo>")',
+        "out = target.generate(**inputs, assistant_model=draft)",
+        "```",
+        "",
+        'vLLM: `--speculative-config \'{"model": "<this repo>", "num_speculative_tokens": 4}\'`.',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def export_distill(drafter_dir: Path, meta: dict, out: Path, report: dict | None = None) -> Path:
+    """A distillspec checkpoint folder -> a standard HF folder in the dtype the target was trained in."""
+    bb_cfg = BackboneConfig(**meta["backbone"])
+    target = load_backbone(BackboneConfig(**{**meta["backbone"], "dtype": "float32"}))
+    drafter, _ = load_drafter(drafter_dir, target)
+    write_hf_draft(drafter, target, out, DTYPES[bb_cfg.dtype])
+    base_model = bb_cfg.hub_id or bb_cfg.path
+    (Path(out) / "README.md").write_text(draft_model_card(meta, base_model, meta["draft_config"], report))
+    return Path(out)

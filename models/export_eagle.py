@@ -1,0 +1,146 @@
+"""Serving layouts for EAGLE drafters, and their inverse (for round-trip tests).
+
+- `eagle3` (SafeAILab/EAGLE-3 and SGLang's `LlamaForCausalLMEagle3`): `fc.weight` (H, 3H), `midlayer.*` (q/k/v
+  read 2H), `norm.weight`, `lm_head.weight` (Dv, H), `d2t` (Dv,) int64, `t2d` (V,) bool; LlamaConfig-style
+  config.json with `draft_vocab_size` and `eagle_config.eagle_aux_hidden_state_layer_ids`. SGLang reads id j
+  as the *output* of layer j (it captures before layer j+1), so we write (our input-of-layer id) - 1.
+- `speculators` (vllm-project/speculators, loaded by vLLM's eagle3 model): the same tensors with `layers.0.*`;
+  config `speculators_model_type: eagle3`, `transformer_layer_config`, `draft_vocab_size`,
+  `norm_before_residual` (always written: False, the residual is the un-normed feature), top-level
+  `eagle_aux_hidden_state_layer_ids` in vLLM's convention (id i = the input of layer i: written as is), and
+  `speculators_config` naming the verifier.
+- `eagle` (SafeAILab/EAGLE-1, SGLang `LlamaForCausalLMEagle`): `fc.weight`/`fc.bias` (H, 2H), `layers.0.*` without
+  `input_layernorm` (EAGLE's layer 0 has none); config.json LlamaConfig-style with `bias: true`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from headstart.models.eagle import Eagle3Config, EagleConfig, EagleDrafter
+
+LAYOUTS = {"eagle": ("eagle",), "eagle3": ("eagle3", "speculators")}  # method -> layouts it can be written in
+PREFIX = {"eagle": "layers.0.", "eagle3": "midlayer.", "speculators": "layers.0."}
+
+
+def _llama_config(d: EagleDrafter) -> dict:
+    c = d.layer_config
+    rope = dict(c.rope_parameters)
+    return {
+        "model_type": "llama",
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": 1,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim,
+        "hidden_act": c.hidden_act,
+        "rms_norm_eps": c.rms_norm_eps,
+        "max_position_embeddings": c.max_position_embeddings,
+        "rope_theta": rope.get("rope_theta", 10000.0),
+        "rope_scaling": None if rope.get("rope_type", "default") == "default" else rope,
+        "vocab_size": d.vocab_size,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+    }
+
+
+def to_layout(d: EagleDrafter, layout: str, base_model: str, verifier_arch: list[str]) -> tuple[dict, dict]:
+    """-> (config.json dict, tensors) for `layout`."""
+    if layout not in LAYOUTS["eagle3" if d.v3 else "eagle"]:
+        raise ValueError(f"a {'EAGLE-3' if d.v3 else 'EAGLE-1'} drafter cannot be written as {layout!r}")
+    tensors = {}
+    for name, value in d.state_dict().items():
+        tensors[PREFIX[layout] + name[len("layer.") :] if name.startswith("layer.") else name] = (
+            value.detach()
+        )
+    config = _llama_config(d)
+    if layout == "eagle":
+        return {**config, "architectures": ["LlamaForCausalLM"], "bias": True}, tensors
+    aux = list(d.aux_layers)
+    config |= {"draft_vocab_size": len(d.d2t)}
+    if layout == "eagle3":
+        if 0 in aux:
+            raise ValueError("aux layer 0 (the embeddings) has no 'output of layer j' id for SGLang/EAGLE-3")
+        eagle = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in aux], "use_aux_hidden_state": True}
+        return {**config, "architectures": ["LlamaForCausalLMEagle3"], "eagle_config": eagle}, tensors
+    return {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "transformer_layer_config": config,
+        "draft_vocab_size": len(d.d2t),
+        "norm_before_residual": False,
+        "target_hidden_size": None,
+        "eagle_aux_hidden_state_layer_ids": aux,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": d.cfg.ttt_steps}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": base_model, "architectures": verifier_arch},
+        },
+    }, tensors
+
+
+def write_layout(d: EagleDrafter, layout: str, out: Path, base_model: str, verifier_arch: list[str]) -> Path:
+    config, tensors = to_layout(d, layout, base_model, verifier_arch)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(
+        {k: v.contiguous().cpu() for k, v in tensors.items()}, out / "model.safetensors", {"format": "pt"}
+    )
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+def read_layout(folder: Path, backbone) -> EagleDrafter:
+    """Rebuild an EagleDrafter from any of the layouts onto `backbone` (its embeddings and lm_head)."""
+    folder = Path(folder)
+    config = json.loads((folder / "config.json").read_text())
+    tensors = load_file(folder / "model.safetensors")
+    if config.get("speculators_model_type") == "eagle3":
+        layout, aux = "speculators", config["eagle_aux_hidden_state_layer_ids"]
+    elif "LlamaForCausalLMEagle3" in config.get("architectures", []):
+        layout, aux = "eagle3", [j + 1 for j in config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
+    else:
+        layout, aux = "eagle", None
+    if aux is None:
+        cfg = EagleConfig()
+    else:
+        cfg = Eagle3Config(aux_layers=aux, draft_vocab_size=config["draft_vocab_size"])
+    d = EagleDrafter(cfg, backbone.config, backbone.vocab_size)
+    d.attach(backbone.embed_tokens, backbone.lm_head)
+    prefix = PREFIX[layout]
+    state = {("layer." + k[len(prefix) :] if k.startswith(prefix) else k): v for k, v in tensors.items()}
+    d.load_state_dict(state, strict=True)
+    return d.to(torch.float32)
+
+
+def export_checkpoint(drafter_dir: Path, meta: dict, out: Path) -> list[Path]:
+    """A headstart eagle/eagle3 checkpoint -> OUT/<layout> for every layout of its method, with a model card."""
+    from headstart.models.backbone import BackboneConfig, load_backbone
+    from headstart.models.checkpoint import load_drafter
+
+    bb_cfg = BackboneConfig(**{**meta["backbone"], "dtype": "float32"})
+    backbone = load_backbone(bb_cfg)
+    drafter, _ = load_drafter(drafter_dir, backbone)
+    base = bb_cfg.hub_id or bb_cfg.path
+    arch = list(getattr(backbone.config, "architectures", None) or [type(backbone.model).__name__])
+    written = []
+    for layout in LAYOUTS[meta["method"]]:
+        folder = write_layout(drafter, layout, out / layout, base, arch)
+        tau = meta.get("eval", {}).get("eval/sim_tau")
+        card = [
+            f"---\nbase_model: {base}\nlibrary_name: headstart\ntags: [speculative-decoding, eagle]\n---",
+            f"# {meta['method'].upper()} drafter for {base} ({layout} layout)",
+            "",
+            f"Trained with headstart for {meta.get('step', '?')} steps; method config "
+            f"`{json.dumps(meta['method_config'])}`.",
+        ]
+        if tau is not None:
+            card.append(f"Simulated tau on held-out data (greedy chain): {tau:.2f}.")
+        (folder / "README.md").write_text("\n".join(card) + "\n")
+        written.append(folder)
+    return written

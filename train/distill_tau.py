@@ -1,0 +1,80 @@
+"""Measured tau (tokens per target forward, greedy) of a DistillSpec draft before vs after distillation, in the
+built-in decoder's `draft` method, on a few dev prompts (one per category). "Before" is the draft rebuilt from
+the checkpoint's own init (the pruned copy of the target, a fresh model with the same seed, or the pretrained
+draft); "after" is the trained checkpoint. Each greedy output is compared token for token with vanilla's
+(`greedy_matches_vanilla`: 1.0 in float32; bf16 verify widths can flip near-ties, as in eval/run.py's report).
+
+    python train/distill_tau.py --checkpoint runs/<run> --prompts 8 --tokens 64 [--dtype float32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from headstart.eval.config import DEFAULT_PROMPTS
+from headstart.eval.decoder import Decoder
+from headstart.eval.prompts import chat_ids, load_prompts
+from headstart.models.backbone import Backbone, BackboneConfig, load_backbone
+from headstart.models.checkpoint import build_drafter, load_drafter, read_meta
+from headstart.models.distill import DistillConfig
+
+
+def measure(target: Backbone, draft_lm, prompts: list[list[int]], tokens: int, k: int, ref: list) -> dict:
+    draft = Backbone(draft_lm.to(target.dtype), target.tokenizer, name="draft")
+    dec = Decoder(target, "draft", draft_backbone=draft, num_draft_tokens=k, max_cache_len=1024)
+    emitted = forwards = matches = 0
+    t0 = time.perf_counter()
+    for ids, want in zip(prompts, ref):
+        out = dec.generate(ids, tokens)
+        matches += out.tokens == want
+        emitted, forwards = emitted + sum(out.stats.accepted_per_step), forwards + out.stats.target_forwards
+    return {
+        "tau": emitted / max(forwards, 1),
+        "greedy_matches_vanilla": matches / len(prompts),
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", type=Path, required=True, help="run dir or distillspec drafter folder")
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--num-draft-tokens", type=int, default=4)
+    p.add_argument("--prompt-file", default=DEFAULT_PROMPTS)
+    p.add_argument("--dtype", default="", help="target and draft dtype (default: the checkpoint's target's)")
+    args = p.parse_args()
+    ckpt = args.checkpoint / "drafter" if (args.checkpoint / "drafter").is_dir() else args.checkpoint
+    meta = read_meta(ckpt)
+    bb_cfg = BackboneConfig(**meta["backbone"])
+    target = load_backbone(replace(bb_cfg, dtype=args.dtype) if args.dtype else bb_cfg)
+    rows = load_prompts(args.prompt_file, limit_per_category=1).prompts[: args.prompts]
+    prompts = [chat_ids(target.tokenizer, [{"role": "user", "content": r.turns[0]}]) for r in rows]
+    vanilla = Decoder(target, "vanilla", max_cache_len=1024)
+    ref = [vanilla.generate(ids, args.tokens).tokens for ids in prompts]
+
+    torch.manual_seed(meta["job"]["train"]["seed"] if "job" in meta else 0)  # `fresh` init: the run's seed
+    before = build_drafter("distillspec", DistillConfig(**meta["method_config"]), target).draft
+    after = load_drafter(ckpt, target)[0].draft
+    result = {
+        "checkpoint": str(ckpt),
+        "step": meta.get("step"),
+        "prompts": len(prompts),
+        "tokens": args.tokens,
+        "num_draft_tokens": args.num_draft_tokens,
+        "dtype": str(target.dtype),
+        "before": measure(target, before, prompts, args.tokens, args.num_draft_tokens, ref),
+        "after": measure(target, after, prompts, args.tokens, args.num_draft_tokens, ref),
+        "eval": meta.get("eval"),
+    }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

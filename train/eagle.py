@@ -1,0 +1,28 @@
+"""Train an EAGLE drafter on a frozen backbone: EAGLE-1/2 by default, EAGLE-3 with `method=eagle3`.
+
+accelerate launch train/eagle.py backbone=smollm2-135m data=sharegpt
+accelerate launch train/eagle.py method=eagle3 method.ttt_steps=7 method.draft_vocab_size=32000
+python train/eagle.py backbone=tiny debug=smoke            # one CPU process, seconds
+"""
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from headstart.train.cli import run_job
+from headstart.train.config import register_configs
+
+register_configs()
+# EAGLE-1 and EAGLE-3 have different typed schemas: `method=eagle3` selects conf/eagle3.yaml (its schema,
+# defaults and method_name) so the override works like any other method choice.
+CONFIG = "eagle3" if "method=eagle3" in sys.argv[1:] else "eagle"
+
+
+@hydra.main(config_path="../conf", config_name=CONFIG, version_base=None)
+def main(cfg: DictConfig) -> None:
+    run_job(cfg)
+
+
+if __name__ == "__main__":
+    main()
