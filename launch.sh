@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # headstart launcher. Sets up a virtual environment from the project's own files on first use, then dispatches.
 #
-#   ./launch.sh main   [overrides]   train Medusa heads on SmolLM2-135M + ShareGPT (CPU-sized), then eval them
+#   ./launch.sh main   [overrides]   Medusa heads on SmolLM2-135M + ShareGPT (self-distilled, CPU-sized), then eval
 #   ./launch.sh medusa [overrides]   accelerate launch train/medusa.py [Hydra overrides]
 #   ./launch.sh eval   [overrides]   python eval/run.py checkpoint=DIR [prompts=FILE out_dir=DIR ...]
 #   ./launch.sh export [args]        python train/export.py --checkpoint DIR [--layout all] [--push REPO_ID]
@@ -52,7 +52,7 @@ case $verb in
   setup) ;;
   main)
     run_dir=runs/main-medusa-smollm2
-    accelerate_launch train/medusa.py experiment=medusa_smollm2_cpu run_dir=$run_dir "$@"
+    accelerate_launch train/medusa.py experiment=medusa_smollm2_selfdistill_cpu run_dir=$run_dir "$@"
     "$PY" eval/run.py checkpoint=$run_dir/drafter out_dir=$run_dir/eval limit_per_category=4 max_new_tokens=128
     ;;
   medusa|eagle|distill) accelerate_launch "train/$verb.py" "$@" ;;

@@ -79,6 +79,7 @@ def train(job: JobConfig, resolved: dict) -> Path:
     t, run_dir = job.train, Path(job.run_dir)
     acc = make_accelerator(job)
     set_seed(t.seed)
+    check_resumable(run_dir, t.resume, resolved)
     if acc.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(json.dumps(resolved, indent=2, default=str))
@@ -233,6 +234,21 @@ def evaluate(acc: Accelerator, step_fn, backbone, drafter, eval_dl, max_batches:
         sums.add(metrics)
     drafter.train()
     return sums.summarize(acc, prefix="eval/")
+
+
+def check_resumable(run_dir: Path, resume: str, resolved: dict) -> None:
+    """Refuse to resume a run directory whose checkpoints were trained with another backbone, method or data
+    (train.max_steps and logging may change; those may not)."""
+    saved_file = run_dir / "config.json"
+    if resume != "auto" or not saved_file.is_file() or find_resume_dir(run_dir, resume) is None:
+        return
+    saved = json.loads(saved_file.read_text())
+    for section in ("backbone", "method_name", "method", "data"):
+        if saved.get(section) != resolved.get(section):
+            raise ValueError(
+                f"run_dir={run_dir} holds checkpoints trained with a different `{section}` config. "
+                "Fix: choose another run_dir=..., or train.resume=never to start over in it"
+            )
 
 
 def measured_tau(acc: Accelerator, job: JobConfig, backbone, drafter, eval_ds) -> dict:

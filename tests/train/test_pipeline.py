@@ -103,3 +103,15 @@ def test_wandb_offline_logs_metrics(tmp_path):
     (run_file,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
     blob = run_file.read_bytes()
     assert b"train/loss" in blob and b"eval/head0/top1" in blob
+
+
+def test_resuming_a_run_dir_with_another_data_or_method_config_is_refused(tmp_path):
+    data = write_chat_file(tmp_path / "chat.jsonl")
+    run_dir = tmp_path / "run"
+    run_train(train_overrides(run_dir, data, tmp_path / "cache", **{"train.max_steps": 3}))
+    res = run_train(
+        train_overrides(run_dir, data, tmp_path / "cache", **{"train.max_steps": 3, "method.num_heads": 3}),
+        check=False,
+    )
+    assert res.returncode == 2 and "different `method` config" in res.stderr
+    assert "Traceback" not in res.stderr
