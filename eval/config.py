@@ -29,7 +29,7 @@ class EvalConfig:
     checkpoint: str = ""
     prompts: str = DEFAULT_PROMPTS  # Spec-Bench / MT-bench jsonl: question_id, category, turns
     out_dir: str = "runs/eval/${now:%Y-%m-%d_%H-%M-%S}"  # single process: a timestamp cannot differ by rank
-    method: str = ""  # speculative method; empty: the checkpoint's own (medusa, ...)
+    method: str = ""  # speculative method; empty: the checkpoint's own (medusa, ...; distillspec -> draft)
     limit_per_category: int = 0  # first N prompts of each category; 0: all
     max_new_tokens: int = 128  # per turn
     temperature: float = 0.0  # 0: greedy (and the spec output is checked against vanilla's)
@@ -41,7 +41,7 @@ class EvalConfig:
     num_draft_tokens: int = 4  # prompt_lookup / draft: tokens proposed per step
     # medusa: "" (built from the checkpoint's head accuracies, else Medusa's default) | default | chain
     tree: str = ""
-    tree_nodes: int = 0  # medusa: candidate-tree size; 0 = the decoder default (63 on CUDA, 6 on CPU)
+    tree_nodes: int = 0  # medusa: candidate-tree size; 0 = the decoder default (63 on CUDA, 4 on CPU)
     draft: str = ""  # method=draft: the draft model (Hub id, folder or .gguf), same tokenizer as the target
     warmup: int = 1  # prompts decoded untimed (both paths) before measuring
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -65,7 +65,10 @@ class EvalConfig:
         if self.method and self.method not in SPEC_METHODS:
             raise EvalError(f"method={self.method!r}: expected one of {list(SPEC_METHODS)} or empty")
         if self.method == "draft" and not self.draft:
-            raise EvalError("method=draft needs a draft model. Fix: draft=<Hub id, folder or .gguf>")
+            raise EvalError(
+                "method=draft needs a draft model. Fix: draft=<Hub id, folder or .gguf>, or method= (empty) "
+                "with a distillspec checkpoint (its distilled draft is used)"
+            )
         if not (self.device in ("auto", "cpu", "mps") or self.device.split(":")[0] == "cuda"):
             raise EvalError(f"device={self.device!r}: expected auto, cpu, cuda or cuda:N")
         if not self.checkpoint:

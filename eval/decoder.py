@@ -27,8 +27,8 @@ from headstart.eval.tree import Tree, default_tree, tree_from_accuracy, tree_fro
 METHODS = ("vanilla", "medusa", "draft", "prompt_lookup", "eagle", "eagle3")
 DEFAULT_TREE_NODES = 63  # Medusa's default budget (mc_sim_7b_63), for GPUs
 # On a CPU a verify forward of 4-8 tokens costs about one step, 16 already ~1.5 steps (SmolLM2-135M, bf16):
-# measured speedup peaked at 4-8 nodes for trained heads, so CPU runs default to 6.
-CPU_TREE_NODES = 6
+# measured speedup peaked at 3-6 nodes for the CPU-trained heads (tau ~1.4), so CPU runs default to 4.
+CPU_TREE_NODES = 4
 
 
 @dataclass
@@ -293,9 +293,19 @@ def _medusa_tree(tree, num_heads: int, tree_nodes: int | None, head_accuracy) ->
 
 def build_decoder(method: str, backbone, checkpoint_dir: str | None = None, **opts) -> Decoder:
     """A Decoder for `method`; loads the drafter (and its measured head accuracies, used for the tree unless
-    `tree` is given) from a headstart checkpoint folder when the method needs one. Methods without a trained
-    drafter ignore `checkpoint_dir`."""
+    `tree` is given) from a headstart checkpoint folder when the method needs one. method "draft" without
+    `draft_backbone` takes the draft LM of a DistillSpec checkpoint, frozen, in the target's dtype. Other
+    methods without a trained drafter ignore `checkpoint_dir`."""
     drafter = None
+    if method == "draft" and opts.get("draft_backbone") is None and checkpoint_dir is not None:
+        from headstart.models.backbone import Backbone
+        from headstart.models.checkpoint import load_drafter
+
+        distilled, meta = load_drafter(checkpoint_dir, backbone)
+        if meta["method"] != "distillspec":
+            raise ValueError(f"{checkpoint_dir} holds a {meta['method']!r} drafter, not a distillspec draft")
+        draft = distilled.draft.to(backbone.dtype)  # served like the target (bf16 on a bf16 target)
+        opts["draft_backbone"] = Backbone(draft, backbone.tokenizer, name=f"distillspec:{checkpoint_dir}")
     if method in ("medusa", "eagle", "eagle3"):
         from headstart.models.checkpoint import load_drafter
 

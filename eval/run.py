@@ -2,6 +2,7 @@
 
     python eval/run.py checkpoint=runs/<run>/drafter out_dir=runs/<run>/eval [prompts=FILE] [limit_per_category=N]
     python eval/run.py checkpoint=runs/<run> out_dir=...      # every checkpoint in the run, best one marked
+    python eval/run.py checkpoint=runs/<distillspec run>/drafter   # method `draft`, the distilled LM as draft
 
 The backbone is rebuilt from the checkpoint's config.json (dtype/device overridable). Each prompt is decoded
 with vanilla then speculative decoding (interleaved, after a warm-up) through the same Decoder; see score.py.
@@ -113,7 +114,8 @@ class Evaluator:
         from headstart.eval.decoder import build_decoder
 
         cfg = self.cfg
-        method = cfg.method or meta["method"]
+        # a DistillSpec checkpoint holds a draft LM: the decoder's `draft` method, with that LM as the draft
+        method = cfg.method or ("draft" if meta["method"] == "distillspec" else meta["method"])
         if method in DRAFTER_METHODS and method != meta["method"]:
             raise EvalError(
                 f"method={method} but {ckpt} holds a {meta['method']} drafter. Fix: method= (empty)"
@@ -121,11 +123,13 @@ class Evaluator:
         opts = {"max_cache_len": cfg.max_cache_len, "num_draft_tokens": cfg.num_draft_tokens}
         if method == "medusa":
             opts.update(tree=cfg.tree or None, tree_nodes=cfg.tree_nodes or None)
-        if method == "draft":
+        if method == "draft" and cfg.draft:  # an HF draft model named on the command line
             dcfg = BackboneConfig(name="draft", path=cfg.draft, dtype=bcfg.dtype)
             opts["draft_backbone"] = self.backbone(dcfg)
+        # medusa / eagle load their drafter from the checkpoint; draft without draft= loads the distilled LM
+        from_ckpt = method in DRAFTER_METHODS or (method == "draft" and not cfg.draft)
         vanilla = build_decoder("vanilla", backbone, None, max_cache_len=cfg.max_cache_len)
-        spec = build_decoder(method, backbone, str(ckpt) if method in DRAFTER_METHODS else None, **opts)
+        spec = build_decoder(method, backbone, str(ckpt) if from_ckpt else None, **opts)
         return method, vanilla, spec
 
     def evaluate(self, ckpt: Path, out_dir: Path) -> dict:
@@ -152,6 +156,7 @@ class Evaluator:
             "method": method,
             "backbone": {**asdict(bcfg), "fingerprint": backbone.fingerprint()},
             "checkpoint": str(ckpt),
+            **({"draft": cfg.draft or str(ckpt)} if method == "draft" else {}),  # which draft LM proposed
             "step": step_of(ckpt, meta),
             "temperature": cfg.temperature,
             "top_p": cfg.top_p,

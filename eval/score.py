@@ -219,6 +219,8 @@ def quick_eval(
     backbone, drafter, method: str, prompts: list[list[int]], max_new_tokens: int, **decoder_opts
 ) -> dict:
     """Greedy-decode token-id prompts with the drafter as it is now (training calls this every N steps).
+    A DistillSpec drafter (method "distillspec") runs as the decoder's `draft` method, its draft LM in its own
+    dtype (fp32 while training) and not frozen.
 
     Returns tau, accept_by_position (share of steps accepting draft position i), acceptance_rate_by_position,
     new_tokens, target_forwards, tokens_per_s. The drafter's train/eval mode is restored afterwards."""
@@ -232,7 +234,13 @@ def quick_eval(
     try:
         # default cache: the longest prompt + answer, plus room for one step's verify tree
         cache = decoder_opts.pop("max_cache_len", max(len(p) for p in prompts) + max_new_tokens + 256)
-        decoder = Decoder(backbone, method, drafter, max_cache_len=cache, **decoder_opts)
+        if method == "distillspec":  # a draft LM: the decoder's `draft` method, on the live (unfrozen) draft
+            from headstart.models.backbone import Backbone
+
+            live = Backbone(drafter.draft, backbone.tokenizer, name="draft", freeze=False)
+            decoder = Decoder(backbone, "draft", draft_backbone=live, max_cache_len=cache, **decoder_opts)
+        else:
+            decoder = Decoder(backbone, method, drafter, max_cache_len=cache, **decoder_opts)
         eos = eos_token_ids(backbone)
         runs = []
         for ids in prompts:

@@ -202,15 +202,19 @@ def load_backbone(cfg: BackboneConfig, device: torch.device | str = "cpu") -> Ba
 
 
 class Backbone(nn.Module):
-    """A frozen causal LM. `forward` returns the hidden states the drafters train on; no grads, eval mode."""
+    """A frozen causal LM. `forward` returns the hidden states the drafters train on; no grads, eval mode.
 
-    def __init__(self, model: nn.Module, tokenizer, name: str = "") -> None:
+    `freeze=False` wraps a model without touching its requires_grad flags or train/eval mode: a DistillSpec
+    draft measured in the decoder mid-training (quick_eval) must stay trainable afterwards."""
+
+    def __init__(self, model: nn.Module, tokenizer, name: str = "", freeze: bool = True) -> None:
         super().__init__()
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
-        model.requires_grad_(False)
-        model.eval()
+        if freeze:
+            model.requires_grad_(False)
+            model.eval()
 
     def train(self, mode: bool = True) -> Backbone:  # the backbone never leaves eval mode (no dropout)
         return super().train(False)

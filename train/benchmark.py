@@ -1,9 +1,19 @@
-"""Training-step benchmark: tokens/s and peak memory of one Medusa training step, ours vs the naive loss
-that materializes all K x B x T x V logits in fp32 (what the Medusa repo's trainer does), measured side by
-side in one run. Each variant runs in its own subprocess so peak RSS is its own.
+"""Training-step benchmark: tokens/s and peak memory of one training step, ours vs the naive loss, measured side
+by side in one run. Each variant runs in its own subprocess so peak RSS is its own; speed and memory ratios are
+against the naive variant of the same method.
+
+Medusa (the default `--variants chunked,chunked_shared,naive`): the chunked CE vs the naive loss that
+materializes all K x B x T x V logits in fp32 (what the Medusa repo's trainer does).
+
+DistillSpec (`--variants distill,distill_naive`, opt-in so the default run stays the Medusa comparison): one
+step = the target's forward under no_grad, then the draft's forward + backward with the chunked divergence
+(models/distill.py; no (B, T, V) fp32 tensor alive) vs the naive loss that materializes the teacher's and the
+student's (B, T, V) fp32 logits and takes the divergence over them. The draft is the target pruned to
+`--draft-layers` layers, the divergence `--divergence`.
 
     python train/benchmark.py                       # SmolLM2-135M, 4 heads, batch 4 x 512, bf16
     python train/benchmark.py --backbone tiny --steps 2
+    python train/benchmark.py --variants distill,distill_naive --batch 2 --seq-len 256
 """
 
 from __future__ import annotations
@@ -18,7 +28,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-VARIANTS = ("chunked", "chunked_shared", "naive")
+VARIANTS = ("chunked", "chunked_shared", "naive")  # the default run: Medusa
+DISTILL_VARIANTS = ("distill", "distill_naive")
 
 
 def naive_loss(heads, hidden, labels):
@@ -34,10 +45,50 @@ def naive_loss(heads, hidden, labels):
     return loss
 
 
+def naive_distill_loss(backbone, drafter, ids, loss_mask, teacher_hidden):
+    """The divergence over full fp32 logits: the teacher's and the student's (B, T, V) both alive at once."""
+    from headstart.models.distill import divergence
+
+    with torch.no_grad():
+        teacher = backbone.lm_head(teacher_hidden).float()  # (B, T, V)
+    student = drafter.draft(input_ids=ids, use_cache=False).logits.float()  # (B, T, V)
+    div = divergence(student[:, :-1][loss_mask], teacher[:, :-1][loss_mask], drafter.cfg)  # (N,)
+    return div.sum() / loss_mask.sum()
+
+
+def build(args, backbone):
+    """The drafter of the variant's method."""
+    from headstart.models.checkpoint import build_drafter
+    from headstart.models.distill import DistillConfig
+    from headstart.models.medusa import MedusaConfig
+
+    if args.variant in DISTILL_VARIANTS:
+        layers = min(args.draft_layers, backbone.num_layers)
+        return build_drafter(
+            "distillspec", DistillConfig(num_layers=layers, divergence=args.divergence), backbone
+        )
+    share = args.variant == "chunked_shared"
+    return build_drafter("medusa", MedusaConfig(num_heads=args.heads, share_lm_head=share), backbone)
+
+
+def step_loss(args, backbone, drafter, ids, labels) -> torch.Tensor:
+    """One step's loss: the target's forward (no grad), then the drafter's (autocast bf16 as in training)."""
+    hidden, _ = backbone(ids)  # (B, T, H), no grad
+    loss_mask = labels[:, 1:] != -100  # (B, T-1): position t predicts labelled token t+1
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bfloat16"):
+        if args.variant == "naive":
+            return naive_loss(drafter, hidden, labels)
+        if args.variant == "distill_naive":
+            return naive_distill_loss(backbone, drafter, ids, loss_mask, hidden)
+        if args.variant == "distill":
+            loss_sum, count, _ = drafter(ids, torch.ones_like(ids), loss_mask, hidden)
+        else:
+            loss_sum, count, _ = drafter(hidden, labels)
+        return loss_sum / count
+
+
 def run_variant(args) -> dict:
     from headstart.models.backbone import BackboneConfig, load_backbone
-    from headstart.models.checkpoint import build_drafter
-    from headstart.models.medusa import MedusaConfig
 
     torch.manual_seed(0)
     if args.backbone == "tiny":
@@ -45,22 +96,15 @@ def run_variant(args) -> dict:
     else:
         bb_cfg = BackboneConfig(dtype=args.dtype)
     backbone = load_backbone(bb_cfg)
-    share = args.variant == "chunked_shared"
-    heads = build_drafter("medusa", MedusaConfig(num_heads=args.heads, share_lm_head=share), backbone)
-    opt = torch.optim.AdamW([p for p in heads.parameters() if p.requires_grad], lr=1e-4)
+    drafter = build(args, backbone)
+    opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=1e-4)
     ids = torch.randint(0, backbone.vocab_size, (args.batch, args.seq_len))
     labels = ids.clone()
     labels[:, : args.seq_len // 4] = -100  # a prompt, as in chat data
     times = []
     for i in range(args.steps + 1):
         t0 = time.perf_counter()
-        hidden, _ = backbone(ids)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bfloat16"):
-            if args.variant == "naive":
-                loss = naive_loss(heads, hidden, labels)
-            else:
-                loss_sum, count, _ = heads(hidden, labels)
-                loss = loss_sum / count
+        loss = step_loss(args, backbone, drafter, ids, labels)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -81,7 +125,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backbone", default="smollm2-135m", choices=["smollm2-135m", "tiny"])
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4, help="medusa: heads")
+    p.add_argument(
+        "--draft-layers", type=int, default=6, help="distill: target layers the pruned draft keeps"
+    )
+    p.add_argument("--divergence", default="fkl", choices=["fkl", "rkl", "jsd", "tvd"], help="distill")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--steps", type=int, default=3)
@@ -92,17 +140,25 @@ def main() -> None:
     if args.variant:
         print(json.dumps(run_variant(args)))
         return
+    variants = args.variants.split(",")
+    unknown = sorted(set(variants) - set(VARIANTS + DISTILL_VARIANTS))
+    if unknown:
+        p.error(f"--variants: unknown {unknown}; expected some of {list(VARIANTS + DISTILL_VARIANTS)}")
+    shared = ["--backbone", args.backbone, "--dtype", args.dtype, "--heads", str(args.heads)]
+    shared += ["--draft-layers", str(args.draft_layers), "--divergence", args.divergence]
+    shared += ["--batch", str(args.batch), "--seq-len", str(args.seq_len), "--steps", str(args.steps)]
     rows = []
-    for variant in args.variants.split(","):
-        cmd = [sys.executable, __file__, "--variant", variant] + [
-            a for a in sys.argv[1:] if a != "--variants"
-        ]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    for variant in variants:
+        cmd = [sys.executable, __file__, "--variant", variant, *shared]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode != 0:
+            sys.exit(f"variant {variant} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]), flush=True)
-    base = next((r for r in rows if r["variant"] == "naive"), rows[-1])
     print(f"\n{'variant':<16}{'tok/s':>10}{'peak MB':>10}{'speed x':>9}{'mem x':>8}")
     for r in rows:
+        naive = "distill_naive" if r["variant"] in DISTILL_VARIANTS else "naive"
+        base = next((b for b in rows if b["variant"] == naive), r)  # vs the same method's naive loss
         print(
             f"{r['variant']:<16}{r['tokens_per_s']:>10.1f}{r['peak_rss_mb']:>10.0f}"
             f"{r['tokens_per_s'] / base['tokens_per_s']:>9.2f}{r['peak_rss_mb'] / base['peak_rss_mb']:>8.2f}"

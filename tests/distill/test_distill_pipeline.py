@@ -1,6 +1,7 @@
 """Full DistillSpec pipeline on the tiny model through train/distill.py: each data mode trains a few steps and
-writes a drafter that rebuilds from its folder; the fixed-data run lowers its held-out loss and resumes; a bad
-layer id fails at start with one clear line."""
+writes a drafter that rebuilds from its folder; the fixed-data run lowers its held-out loss and resumes; tau
+measured in the decoder (train.quick_eval_every) lands in the checkpoint's eval; a bad layer id fails at start
+with one clear line."""
 
 from __future__ import annotations
 
@@ -100,3 +101,20 @@ def test_bad_layer_id_fails_at_start_naming_it(tmp_path):
     res = run_train(overrides(tmp_path, "bad", **{"method.keep_layers": "[0,7]"}), script=SCRIPT, check=False)
     assert res.returncode == 2
     assert "layer 7 is outside the target's 2 layers" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_measured_tau_during_training(tmp_path):
+    run_dir = tmp_path / "measured"
+    extra = {
+        "train.max_steps": 2,
+        "train.quick_eval_every": 2,
+        "train.quick_eval_prompts": 2,
+        "train.quick_eval_tokens": 8,
+    }
+    res = run_train(overrides(tmp_path, "measured", **extra), script=SCRIPT)
+    assert "measured tau" in res.stderr + res.stdout
+    measured = json.loads((run_dir / "drafter" / "config.json").read_text())["eval"]
+    assert 1.0 <= measured["measured/tau"] <= 5.0  # 4 draft tokens + the bonus token at most
+    assert [k for k in measured if k.startswith("measured/accept_pos")] == [
+        f"measured/accept_pos{i}" for i in range(4)
+    ]
