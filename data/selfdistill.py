@@ -67,18 +67,24 @@ def _decode(tokenizer, new_ids: list[int], stop: set[int], eot: str) -> tuple[st
 
 
 @torch.no_grad()
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id prompts -> (ids, attention_mask), both (B, L), padded on the LEFT for batched generation."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # (B, L)
+    mask = torch.zeros_like(ids)  # (B, L)
+    for b, p in enumerate(prompts):
+        ids[b, width - len(p) :] = torch.tensor(p)
+        mask[b, width - len(p) :] = 1
+    return ids, mask
+
+
 def _generate(
     backbone, prompts: list[list[int]], regen: RegenConfig, stop: set[int], seed: int
 ) -> list[list[int]]:
     """Batched generation with LEFT padding; returns only the new tokens of each prompt."""
     tok, model = backbone.tokenizer, backbone.model
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)  # (B, L)
-    mask = torch.zeros_like(ids)  # (B, L)
-    for b, p in enumerate(prompts):
-        ids[b, width - len(p) :] = torch.tensor(p)
-        mask[b, width - len(p) :] = 1
+    ids, mask = left_pad(prompts, pad)
     # Sampling draws from the plain tempered distribution: top-k / top-p off, whatever the model's defaults.
     if regen.temperature > 0:
         sampling = dict(do_sample=True, temperature=regen.temperature, top_k=0, top_p=1.0)
@@ -96,7 +102,7 @@ def _generate(
             eos_token_id=sorted(stop),
             **sampling,
         )  # (B, L + new)
-    return out[:, width:].tolist()
+    return out[:, ids.shape[1] :].tolist()
 
 
 def _regen_batch(backbone, batch: list[Row], regen: RegenConfig, max_length: int, seed: int) -> list[dict]:

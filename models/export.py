@@ -70,6 +70,20 @@ def to_vllm(heads: MedusaHeads, base_model: str) -> tuple[dict, dict[str, torch.
     return config, tensors
 
 
+def measured_lines(report: dict | None) -> list[str]:
+    """The model-card section with what the eval stage measured (empty when no report exists)."""
+    if not report:
+        return []
+    return [
+        "",
+        "## Measured in headstart's speculative decoder",
+        "",
+        f"method {report.get('method')}, temperature {report.get('temperature')}, "
+        f"{report.get('prompts')} prompts: tau {report.get('tau', float('nan')):.2f} accepted tokens per "
+        f"target forward, speedup {report.get('speedup', float('nan')):.2f}x over plain decoding.",
+    ]
+
+
 def write_layout(heads: MedusaHeads, layout: str, out: Path, base_model: str) -> Path:
     if layout not in LAYOUTS:
         raise ValueError(f"unknown export layout {layout!r}: expected one of {list(LAYOUTS)}")

@@ -18,6 +18,7 @@ import torch
 from headstart.models.backbone import DTYPES, BackboneConfig, load_backbone
 from headstart.models.checkpoint import load_drafter
 from headstart.models.distill import DistillDrafter
+from headstart.models.export import measured_lines
 
 
 def write_hf_draft(drafter: DistillDrafter, target, folder: Path, dtype: torch.dtype) -> Path:
@@ -68,15 +69,7 @@ def draft_model_card(meta: dict, base_model: str, draft_config: dict, report: di
             f"Held-out, teacher-forced: simulated acceptance 1 - TVD = {ev['eval/accept_sim']:.3f}, greedy top-1 "
             f"agreement with the target {ev.get('eval/top1_match', float('nan')):.3f}.",
         ]
-    if report:
-        lines += [
-            "",
-            "## Measured in headstart's speculative decoder",
-            "",
-            f"method {report.get('method')}, temperature {report.get('temperature')}, "
-            f"{report.get('prompts')} prompts: tau {report.get('tau', float('nan')):.2f} accepted tokens per "
-            f"target forward, speedup {report.get('speedup', float('nan')):.2f}x over plain decoding.",
-        ]
+    lines += measured_lines(report)
     lines += [
         "",
         "## Use",

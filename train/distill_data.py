@@ -19,6 +19,7 @@ import torch
 
 from headstart.data import collate
 from headstart.data.chat import IGNORE
+from headstart.data.selfdistill import left_pad
 
 
 def _mix(*parts: int) -> int:
@@ -67,12 +68,7 @@ def generate_responses(
 ) -> list[list[int]]:
     """Batched generation with LEFT padding; each row's new tokens up to and including its first stop token."""
     device = next(model.parameters()).device
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # (B, P)
-    mask = torch.zeros_like(ids)  # (B, P)
-    for b, p in enumerate(prompts):
-        ids[b, width - len(p) :] = torch.tensor(p)
-        mask[b, width - len(p) :] = 1
+    ids, mask = left_pad(prompts, pad_id)  # (B, P) each
     # the plain tempered distribution: top-k / top-p off, whatever the model's generation defaults say
     if temperature > 0:
         sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
@@ -95,7 +91,7 @@ def generate_responses(
     finally:
         model.train(was_training)
     responses = []
-    for new in out[:, width:].tolist():
+    for new in out[:, ids.shape[1] :].tolist():
         cut = next((i + 1 for i, t in enumerate(new) if t in stops), len(new))
         responses.append(new[:cut])
     return responses

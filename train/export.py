@@ -21,7 +21,7 @@ from pathlib import Path
 
 from headstart.models.backbone import BackboneConfig, BackboneError, load_backbone
 from headstart.models.checkpoint import load_drafter, read_meta
-from headstart.models.export import LAYOUTS, write_layout
+from headstart.models.export import LAYOUTS, measured_lines, write_layout
 
 
 def resolve_checkpoint(path: Path) -> Path:
@@ -62,15 +62,7 @@ def model_card(meta: dict, base_model: str, layout: str, report: dict | None) ->
             "Held-out per-head top-1 accuracy: "
             + ", ".join(f"head {k}: {a[0]:.3f}" for k, a in enumerate(acc)),
         ]
-    if report:
-        lines += [
-            "",
-            "## Measured in headstart's speculative decoder",
-            "",
-            f"method {report.get('method')}, temperature {report.get('temperature')}, "
-            f"{report.get('prompts')} prompts: tau {report.get('tau', float('nan')):.2f} accepted tokens per "
-            f"target forward, speedup {report.get('speedup', float('nan')):.2f}x over plain decoding.",
-        ]
+    lines += measured_lines(report)
     if layout == "medusa":
         lines += [
             "",
