@@ -30,6 +30,17 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from headstart.models.chunked_ce import RANKS
 
+HIDDEN_CACHES = ("online", "offline")
+HIDDEN_CACHE_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def _check_hidden_cache(cfg) -> None:
+    if cfg.hidden_cache not in HIDDEN_CACHES or cfg.hidden_cache_dtype not in HIDDEN_CACHE_DTYPES:
+        raise ValueError(
+            f"method.hidden_cache={cfg.hidden_cache!r}, method.hidden_cache_dtype={cfg.hidden_cache_dtype!r}: "
+            f"expected one of {HIDDEN_CACHES} and one of {HIDDEN_CACHE_DTYPES}"
+        )
+
 
 @dataclass
 class EagleConfig:  # EAGLE-1/2
@@ -38,12 +49,17 @@ class EagleConfig:  # EAGLE-1/2
     noise: float = 0.2  # uniform noise U(-noise/2, noise/2) on input features while training
     sim_steps: int = 4  # draft chain length of the simulated tau (eval batches)
     loss_chunk: int = 1024  # rows per vocabulary-projection chunk (the soft CE never holds N x V logits)
+    # Target features: "online" (the frozen backbone runs in every step) or "offline" (computed once before
+    # training into safetensors shards under cache_dir/hidden/, reused while the backbone and data match).
+    hidden_cache: str = "online"
+    hidden_cache_dtype: str = "bfloat16"  # bfloat16 | float16 | float32 (offline shards only)
 
     def __post_init__(self) -> None:
         if self.w_feat < 0 or self.w_tok < 0 or self.w_feat + self.w_tok == 0:
             raise ValueError("method.w_feat and method.w_tok must be >= 0 and not both 0")
         if self.noise < 0 or self.sim_steps < 1 or self.loss_chunk < 1:
             raise ValueError("method.noise must be >= 0, method.sim_steps and method.loss_chunk >= 1")
+        _check_hidden_cache(self)
 
 
 @dataclass
@@ -58,6 +74,8 @@ class Eagle3Config:
     noise: float = 0.0
     sim_steps: int = 4
     loss_chunk: int = 1024
+    hidden_cache: str = "online"  # online | offline (see EagleConfig)
+    hidden_cache_dtype: str = "bfloat16"
 
     def __post_init__(self) -> None:
         if not 1 <= self.ttt_steps <= 16 or not 0 < self.decay <= 1:
@@ -68,6 +86,7 @@ class Eagle3Config:
             raise ValueError("method.draft_vocab_size must be >= 1 and method.min_coverage in [0, 1]")
         if self.noise < 0 or self.sim_steps < 1 or self.loss_chunk < 1:
             raise ValueError("method.noise must be >= 0, method.sim_steps and method.loss_chunk >= 1")
+        _check_hidden_cache(self)
 
 
 def resolve_aux_layers(cfg: Eagle3Config, num_layers: int) -> tuple[int, ...]:

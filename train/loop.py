@@ -27,6 +27,7 @@ from headstart.models.checkpoint import build_drafter, save_drafter
 from headstart.models.chunked_ce import RANKS
 from headstart.train.checkpoints import find_resume_dir, prune_checkpoints, save_checkpoint
 from headstart.train.config import JobConfig
+from headstart.train.hidden_cache import collate_hidden, offline_datasets
 from headstart.train.methods import STEPS
 from headstart.train.metrics import MetricSums
 from headstart.train.sampling import EpochShuffle
@@ -99,6 +100,20 @@ def train(job: JobConfig, resolved: dict) -> Path:
         init_stats = drafter.init_from_data(train_ds)
         data_stats = {**data_stats, **init_stats}
         log.info("drafter data init: %s", json.dumps(init_stats, default=str))
+    loader_sets = {"train": train_ds, "eval": eval_ds}  # what the data loaders read
+    collate_fn = collate
+    if getattr(job.method, "hidden_cache", "online") == "offline":  # EAGLE: features cached before training
+        with acc.main_process_first():  # built once, on the main process; the others then reuse it
+            loader_sets, data_stats["hidden_cache"] = offline_datasets(
+                backbone,
+                drafter.aux_layers,
+                loader_sets,
+                Path(job.cache_dir) / "hidden",
+                job.method.hidden_cache_dtype,
+                t.micro_batch_size,
+                show_progress=acc.is_local_main_process,
+            )
+        collate_fn = collate_hidden
     trainable = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
         trainable, lr=job.optim.lr, betas=tuple(job.optim.betas), weight_decay=job.optim.weight_decay
@@ -110,10 +125,12 @@ def train(job: JobConfig, resolved: dict) -> Path:
         ),
     )
     pad_id = backbone.tokenizer.pad_token_id
-    make_dl = partial(DataLoader, batch_size=t.micro_batch_size, collate_fn=partial(collate, pad_id=pad_id))
+    make_dl = partial(
+        DataLoader, batch_size=t.micro_batch_size, collate_fn=partial(collate_fn, pad_id=pad_id)
+    )
     sampler = EpochShuffle(len(train_ds), t.seed)
-    train_dl = make_dl(train_ds, sampler=sampler, drop_last=True)
-    eval_dl = make_dl(eval_ds, shuffle=False)
+    train_dl = make_dl(loader_sets["train"], sampler=sampler, drop_last=True)
+    eval_dl = make_dl(loader_sets["eval"], shuffle=False)
     if len(train_dl) < acc.num_processes:
         raise ValueError(
             f"only {len(train_ds)} training rows for batch {t.micro_batch_size} x "

@@ -31,9 +31,14 @@ def distillspec_step(backbone, drafter, batch: dict) -> tuple[torch.Tensor, torc
 
 
 def eagle_step(backbone, drafter, batch: dict) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """EAGLE-1/2 and EAGLE-3: the target's features computed online from the frozen backbone each step."""
+    """EAGLE-1/2 and EAGLE-3: the target's features computed online from the frozen backbone each step, or
+    read from the offline cache when the batch carries them (train/hidden_cache.py: "hidden" (B, T, K, H),
+    the aux layers then the final state)."""
     module = getattr(drafter, "module", drafter)
-    final, aux = backbone(batch["input_ids"], batch["attention_mask"], layers=module.aux_layers)
+    if "hidden" in batch:
+        *aux, final = batch["hidden"].to(backbone.dtype).unbind(2)  # K x (B, T, H)
+    else:
+        final, aux = backbone(batch["input_ids"], batch["attention_mask"], layers=module.aux_layers)
     return drafter(aux if module.v3 else [final], final, batch)  # (B, T, H) features, no grad
 
 
