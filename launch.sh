@@ -52,7 +52,11 @@ case $verb in
   setup) ;;
   main)
     run_dir=runs/main-medusa-smollm2
-    accelerate_launch train/medusa.py experiment=medusa_smollm2_selfdistill_cpu run_dir=$run_dir "$@"
+    args=()
+    for a in "$@"; do  # a run_dir=... override moves both the training and the eval
+      if [[ $a == run_dir=* ]]; then run_dir=${a#run_dir=}; else args+=("$a"); fi
+    done
+    accelerate_launch train/medusa.py experiment=medusa_smollm2_selfdistill_cpu run_dir="$run_dir" "${args[@]}"
     "$PY" eval/run.py checkpoint=$run_dir/drafter out_dir=$run_dir/eval limit_per_category=4 max_new_tokens=128
     ;;
   medusa|eagle|distill) accelerate_launch "train/$verb.py" "$@" ;;
