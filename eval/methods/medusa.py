@@ -26,7 +26,9 @@ class MedusaProposer:
         h = self.hidden.to(self.heads.blocks_dtype)
         feats = [block(h) for block in self.heads.blocks[: self.depth]]  # depth x (H,)
         # cast the (H,) features, never the (V, H) head weights: no per-step copy of the vocabulary projection
-        if self.heads.lm_heads is None:  # shared lm_head: one matmul reads the (V, H) weight once, not depth times
+        if (
+            self.heads.lm_heads is None
+        ):  # shared lm_head: one matmul reads the (V, H) weight once, not depth times
             w = self.heads.head_weight(0)
             logits = torch.stack(feats).to(w.dtype) @ w.T  # (depth, V)
         else:
