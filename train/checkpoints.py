@@ -63,3 +63,18 @@ def prune_checkpoints(run_dir: Path, keep: int) -> None:
         return
     for old in checkpoint_dirs(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def check_resumable(run_dir: Path, resume: str, resolved: dict) -> None:
+    """Refuse to resume a run directory whose checkpoints were trained with another backbone, method or data
+    (train.max_steps and logging may change; those may not)."""
+    saved_file = run_dir / "config.json"
+    if resume != "auto" or not saved_file.is_file() or find_resume_dir(run_dir, resume) is None:
+        return
+    saved = json.loads(saved_file.read_text())
+    for section in ("backbone", "method_name", "method", "data"):
+        if saved.get(section) != resolved.get(section):
+            raise ValueError(
+                f"run_dir={run_dir} holds checkpoints trained with a different `{section}` config. "
+                "Fix: choose another run_dir=..., or train.resume=never to start over in it"
+            )

@@ -24,12 +24,12 @@ from tqdm.auto import tqdm
 from headstart.data import build_datasets, collate
 from headstart.models.backbone import load_backbone
 from headstart.models.checkpoint import build_drafter, save_drafter
-from headstart.models.chunked_ce import RANKS
-from headstart.train.checkpoints import find_resume_dir, prune_checkpoints, save_checkpoint
+from headstart.train.checkpoints import check_resumable, find_resume_dir, prune_checkpoints, save_checkpoint
 from headstart.train.config import JobConfig
 from headstart.train.hidden_cache import collate_hidden, offline_datasets
 from headstart.train.methods import STEPS
-from headstart.train.metrics import MetricSums
+from headstart.train.metrics import MetricSums, head_topk_accuracy
+from headstart.train.monitor import measured_tau, trace_rows
 from headstart.train.sampling import EpochShuffle
 
 log = logging.getLogger("headstart.train")
@@ -251,61 +251,6 @@ def evaluate(acc: Accelerator, step_fn, backbone, drafter, eval_dl, max_batches:
         sums.add(metrics)
     drafter.train()
     return sums.summarize(acc, prefix="eval/")
-
-
-def check_resumable(run_dir: Path, resume: str, resolved: dict) -> None:
-    """Refuse to resume a run directory whose checkpoints were trained with another backbone, method or data
-    (train.max_steps and logging may change; those may not)."""
-    saved_file = run_dir / "config.json"
-    if resume != "auto" or not saved_file.is_file() or find_resume_dir(run_dir, resume) is None:
-        return
-    saved = json.loads(saved_file.read_text())
-    for section in ("backbone", "method_name", "method", "data"):
-        if saved.get(section) != resolved.get(section):
-            raise ValueError(
-                f"run_dir={run_dir} holds checkpoints trained with a different `{section}` config. "
-                "Fix: choose another run_dir=..., or train.resume=never to start over in it"
-            )
-
-
-def measured_tau(acc: Accelerator, job: JobConfig, backbone, drafter, eval_ds) -> dict:
-    """tau measured in the built-in decoder (greedy) on a few held-out prompts, beside the training loss: the
-    number that serving sees, not a training-time proxy. Main process only; the others wait."""
-    out: dict = {}
-    if acc.is_main_process:
-        from headstart.eval.score import quick_eval
-
-        prompts = []
-        for i in range(min(job.train.quick_eval_prompts, len(eval_ds))):
-            item = eval_ds[i]
-            first_label = int(
-                (item["labels"] != -100).nonzero()[0]
-            )  # the prompt ends where the answer starts
-            prompts.append(item["input_ids"][:first_label].tolist())
-        res = quick_eval(
-            backbone, acc.unwrap_model(drafter), job.method_name, prompts, job.train.quick_eval_tokens
-        )
-        out = {"measured/tau": res["tau"]}
-        out |= {f"measured/accept_pos{i}": a for i, a in enumerate(res["accept_by_position"])}
-        log.info("measured tau %.3f on %d held-out prompts", res["tau"], len(prompts))
-    acc.wait_for_everyone()
-    return out
-
-
-def trace_rows(run_dir: Path, rank: int, step: int, row_ids: torch.Tensor) -> None:
-    folder = run_dir / "trace"
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / f"rank{rank}.jsonl", "a") as f:
-        f.write(json.dumps({"step": step, "rows": row_ids.tolist()}) + "\n")
-
-
-def head_topk_accuracy(eval_metrics: dict) -> list[list[float]]:
-    """Per head, P(target has rank r) for r = 0..9 on held-out data: the decoder builds trees from it."""
-    out, k = [], 0
-    while f"eval/head{k}/rank0" in eval_metrics:
-        out.append([eval_metrics[f"eval/head{k}/rank{r}"] for r in range(RANKS)])
-        k += 1
-    return out
 
 
 def save_drafter_state(acc, job: JobConfig, backbone, drafter, out: Path, extra: dict) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from accelerate import Accelerator
 
+from headstart.models.chunked_ce import RANKS
+
 
 class MetricSums:
     def __init__(self) -> None:
@@ -46,3 +48,12 @@ class MetricSums:
                 out |= {f"{prefix}head{k}/rank{r}": hist[r].item() for r in range(len(hist))}
             k += 1
         return out
+
+
+def head_topk_accuracy(eval_metrics: dict) -> list[list[float]]:
+    """Per head, P(target has rank r) for r = 0..9 on held-out data: the decoder builds trees from it."""
+    out, k = [], 0
+    while f"eval/head{k}/rank0" in eval_metrics:
+        out.append([eval_metrics[f"eval/head{k}/rank{r}"] for r in range(RANKS)])
+        k += 1
+    return out

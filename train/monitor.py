@@ -1,0 +1,46 @@
+"""What the loop reports beside the loss: tau measured in the built-in decoder on held-out prompts, and (for
+checking sharding and resume) which rows each rank consumed."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+
+from headstart.train.config import JobConfig
+
+log = logging.getLogger("headstart.train")
+
+
+def measured_tau(acc: Accelerator, job: JobConfig, backbone, drafter, eval_ds) -> dict:
+    """tau measured in the built-in decoder (greedy) on a few held-out prompts, beside the training loss: the
+    number that serving sees, not a training-time proxy. Main process only; the others wait."""
+    out: dict = {}
+    if acc.is_main_process:
+        from headstart.eval.score import quick_eval
+
+        prompts = []
+        for i in range(min(job.train.quick_eval_prompts, len(eval_ds))):
+            item = eval_ds[i]
+            first_label = int(
+                (item["labels"] != -100).nonzero()[0]
+            )  # the prompt ends where the answer starts
+            prompts.append(item["input_ids"][:first_label].tolist())
+        res = quick_eval(
+            backbone, acc.unwrap_model(drafter), job.method_name, prompts, job.train.quick_eval_tokens
+        )
+        out = {"measured/tau": res["tau"]}
+        out |= {f"measured/accept_pos{i}": a for i, a in enumerate(res["accept_by_position"])}
+        log.info("measured tau %.3f on %d held-out prompts", res["tau"], len(prompts))
+    acc.wait_for_everyone()
+    return out
+
+
+def trace_rows(run_dir: Path, rank: int, step: int, row_ids: torch.Tensor) -> None:
+    folder = run_dir / "trace"
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"rank{rank}.jsonl", "a") as f:
+        f.write(json.dumps({"step": step, "rows": row_ids.tolist()}) + "\n")
