@@ -86,14 +86,19 @@ class MedusaHeads(nn.Module):
         """hidden (..., H) -> K tensors (..., H), the inputs to each head's vocabulary projection."""
         return [block(hidden) for block in self.blocks]
 
-    def forward(self, hidden: torch.Tensor, labels: torch.Tensor | None = None):
-        """Without labels: hidden (..., H) -> logits (K, ..., V), for decoding a few positions.
-        With labels: the training loss (see `loss`); going through forward lets DDP/FSDP hook in."""
+    def forward(self, hidden: torch.Tensor, labels: torch.Tensor | None = None, depth: int | None = None):
+        """Without labels: hidden (..., H) -> logits (depth, ..., V) of the first `depth` heads (default all),
+        for decoding a few positions. With labels: the training loss (see `loss`); going through forward lets
+        DDP/FSDP hook in."""
         if labels is not None:
             return self.loss(hidden, labels)
-        feats = self.features(hidden.to(self.blocks_dtype))
-        weights = [self.head_weight(k) for k in range(len(feats))]
-        return torch.stack([f.to(w.dtype) @ w.T for f, w in zip(feats, weights)])
+        h = hidden.to(self.blocks_dtype)
+        feats = torch.stack([block(h) for block in self.blocks[:depth]])  # (depth, ..., H)
+        # cast the features, never the (V, H) weights: no per-step copy of the vocabulary projection
+        if self.lm_heads is None:  # shared lm_head: one matmul reads the (V, H) weight once, not depth times
+            w = self.head_weight(0)
+            return feats.to(w.dtype) @ w.T
+        return torch.stack([f.to(head.weight.dtype) @ head.weight.T for f, head in zip(feats, self.lm_heads)])
 
     @property
     def blocks_dtype(self) -> torch.dtype:

@@ -23,17 +23,7 @@ class MedusaProposer:
         self.hidden = hidden.clone()
 
     def propose(self, context: list[int], sampling: Sampling) -> Draft:
-        h = self.hidden.to(self.heads.blocks_dtype)
-        feats = [block(h) for block in self.heads.blocks[: self.depth]]  # depth x (H,)
-        # cast the (H,) features, never the (V, H) head weights: no per-step copy of the vocabulary projection
-        if (
-            self.heads.lm_heads is None
-        ):  # shared lm_head: one matmul reads the (V, H) weight once, not depth times
-            w = self.heads.head_weight(0)
-            logits = torch.stack(feats).to(w.dtype) @ w.T  # (depth, V)
-        else:
-            weights = [self.heads.head_weight(k) for k in range(self.depth)]
-            logits = torch.stack([f.to(w.dtype) @ w.T for f, w in zip(feats, weights)])  # (depth, V)
+        logits = self.heads(self.hidden, depth=self.depth)  # (depth, V)
         candidates = logits.topk(self.topk, dim=-1).indices.view(-1)  # (depth * topk,)
         return Draft(candidates[self.index], self.tree)
 
