@@ -114,22 +114,38 @@ class MedusaHeads(nn.Module):
         by the global head-0 target count (all ranks), so the loss is a per-token mean that does not depend on
         how rows are split across processes.
         """
-        loss = hidden.new_zeros((), dtype=torch.float32)
-        metrics = {}
+        feats, targets, counts = [], [], []
         for k, block in enumerate(self.blocks):
             shift = k + 2
             target = labels[:, shift:]  # (B, T-shift)
             valid = target != -100
             h = hidden[:, :-shift][valid]  # (N_k, H) only rows that have a target
-            feats = block(h.to(self.blocks_dtype))
-            ce, rank_hist = linear_cross_entropy(
-                feats, self.head_weight(k), target[valid], self.cfg.loss_chunk, full_ranks=not self.training
+            feats.append(block(h.to(self.blocks_dtype)))
+            targets.append(target[valid])
+            counts.append(valid.sum())
+        full_ranks, chunk = not self.training, self.cfg.loss_chunk
+        if self.lm_heads is None:  # one shared projection: every head's rows in one call (cast once)
+            segment = torch.cat([torch.full_like(t, k) for k, t in enumerate(targets)])
+            weight = torch.cat([torch.full(t.shape, self.cfg.decay**k) for k, t in enumerate(targets)])
+            loss, seg_loss, hist = linear_cross_entropy(
+                torch.cat(feats),
+                self.head_weight(0),
+                torch.cat(targets),
+                chunk,
+                full_ranks,
+                segment,
+                len(targets),
+                weight.to(hidden.device),
             )
-            loss = loss + (self.cfg.decay**k) * ce
-            n = valid.sum()
-            if k == 0:
-                count = n
-            metrics[f"head{k}/loss_sum"] = ce.detach()
-            metrics[f"head{k}/rank_hist"] = rank_hist  # (RANKS,) counts; top-1 = [0]; the rest in eval mode
+        else:
+            loss, seg_loss, hist = hidden.new_zeros((), dtype=torch.float32), [], []
+            for k, (f, t) in enumerate(zip(feats, targets)):
+                ce, sl, hk = linear_cross_entropy(f, self.head_weight(k), t, chunk, full_ranks)
+                loss, seg_loss, hist = loss + self.cfg.decay**k * ce, seg_loss + [sl[0]], hist + [hk[0]]
+        metrics = {}
+        for k, n in enumerate(counts):
+            metrics[f"head{k}/loss_sum"] = seg_loss[k].detach()
+            metrics[f"head{k}/rank_hist"] = hist[k]  # (RANKS,) counts; top-1 = [0]; the rest in eval mode
             metrics[f"head{k}/n"] = n
+        count = counts[0]
         return loss, count, metrics
