@@ -16,7 +16,7 @@ from torch import nn
 
 from headstart.models.backbone import Backbone, BackboneConfig, check_compatible
 from headstart.models.distill import DistillConfig
-from headstart.models.eagle import Eagle3Config, EagleConfig
+from headstart.models.eagle_config import Eagle3Config, EagleConfig
 from headstart.models.medusa import MedusaConfig, MedusaHeads
 
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"

@@ -15,165 +15,30 @@ logits are lm_head_d(norm(h)) over a reduced draft vocabulary (d2t[i] = target_i
 Training-time test: step s feeds step s-1's output hidden as the feature (tokens shifted by one, positions +1),
 row t attending to step-0 rows <= t and to its own row of steps 1..s (SpecForge's mask);
 L = sum_s decay^s * softCE(p_target, p^_s), the target restricted to the draft vocabulary.
+
+Settings and the draft vocabulary: models/eagle_config.py; the unrolled attention and the teacher's table:
+models/eagle_ttt.py; the soft cross-entropy: models/chunked_ce.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
-from transformers import DynamicCache, LlamaConfig
+from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from headstart.models.chunked_ce import RANKS
+from headstart.models.chunked_ce import compute_dtype, linear_soft_cross_entropy
+from headstart.models.eagle_config import (
+    Eagle3Config,
+    EagleConfig,
+    build_vocab_map,
+    draft_layer_config,
+    resolve_aux_layers,
+    vocab_coverage,
+)
+from headstart.models.eagle_ttt import smooth_l1_sum, teacher_targets
 
-HIDDEN_CACHES = ("online", "offline")
-HIDDEN_CACHE_DTYPES = ("bfloat16", "float16", "float32")
-
-
-def _check_hidden_cache(cfg) -> None:
-    if cfg.hidden_cache not in HIDDEN_CACHES or cfg.hidden_cache_dtype not in HIDDEN_CACHE_DTYPES:
-        raise ValueError(
-            f"method.hidden_cache={cfg.hidden_cache!r}, method.hidden_cache_dtype={cfg.hidden_cache_dtype!r}: "
-            f"expected one of {HIDDEN_CACHES} and one of {HIDDEN_CACHE_DTYPES}"
-        )
-
-
-@dataclass
-class EagleConfig:  # EAGLE-1/2
-    w_feat: float = 1.0  # EAGLE-1's v_w
-    w_tok: float = 0.1  # EAGLE-1's p_w
-    noise: float = 0.2  # uniform noise U(-noise/2, noise/2) on input features while training
-    sim_steps: int = 4  # draft chain length of the simulated tau (eval batches)
-    loss_chunk: int = 1024  # rows per vocabulary-projection chunk (the soft CE never holds N x V logits)
-    # Target features: "online" (the frozen backbone runs in every step) or "offline" (computed once before
-    # training into safetensors shards under cache_dir/hidden/, reused while the backbone and data match).
-    hidden_cache: str = "online"
-    hidden_cache_dtype: str = "bfloat16"  # bfloat16 | float16 | float32 (offline shards only)
-
-    def __post_init__(self) -> None:
-        if self.w_feat < 0 or self.w_tok < 0 or self.w_feat + self.w_tok == 0:
-            raise ValueError("method.w_feat and method.w_tok must be >= 0 and not both 0")
-        if self.noise < 0 or self.sim_steps < 1 or self.loss_chunk < 1:
-            raise ValueError("method.noise must be >= 0, method.sim_steps and method.loss_chunk >= 1")
-        _check_hidden_cache(self)
-
-
-@dataclass
-class Eagle3Config:
-    # HF hidden_states ids = the *input* of decoder layer i (vLLM's convention); [] = (2, N//2, N-3), clamped
-    # into [1, N-1] for backbones too shallow for that.
-    aux_layers: list[int] = field(default_factory=list)
-    ttt_steps: int = 3  # training-time-test unroll (SpecForge: 7)
-    decay: float = 0.8  # step s's loss weight is decay**s
-    draft_vocab_size: int = 32000  # clamped to the backbone's vocabulary; the most frequent labelled tokens
-    min_coverage: float = 0.9  # refuse a draft vocabulary that covers less of the labelled tokens than this
-    noise: float = 0.0
-    sim_steps: int = 4
-    loss_chunk: int = 1024
-    hidden_cache: str = "online"  # online | offline (see EagleConfig)
-    hidden_cache_dtype: str = "bfloat16"
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.ttt_steps <= 16 or not 0 < self.decay <= 1:
-            raise ValueError("method.ttt_steps must be in 1..16 and method.decay in (0, 1]")
-        if self.aux_layers and len(self.aux_layers) != 3:
-            raise ValueError(f"method.aux_layers={self.aux_layers}: EAGLE-3 fuses exactly 3 layers (or [])")
-        if self.draft_vocab_size < 1 or not 0 <= self.min_coverage <= 1:
-            raise ValueError("method.draft_vocab_size must be >= 1 and method.min_coverage in [0, 1]")
-        if self.noise < 0 or self.sim_steps < 1 or self.loss_chunk < 1:
-            raise ValueError("method.noise must be >= 0, method.sim_steps and method.loss_chunk >= 1")
-        _check_hidden_cache(self)
-
-
-def resolve_aux_layers(cfg: Eagle3Config, num_layers: int) -> tuple[int, ...]:
-    """The 3 hidden_states ids to fuse, each the input of a decoder layer in [0, N) (what vLLM can capture)."""
-    if not cfg.aux_layers:
-        return tuple(min(max(i, 1), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3))
-    bad = [i for i in cfg.aux_layers if not 0 <= i < num_layers]
-    if bad:
-        raise ValueError(
-            f"method.aux_layers={cfg.aux_layers}: ids {bad} are outside the backbone's {num_layers} layers. "
-            f"Fix: ids in 0..{num_layers - 1} (id i = the input of decoder layer i), or [] for the default"
-        )
-    return tuple(cfg.aux_layers)
-
-
-def draft_layer_config(backbone_config, vocab_size: int) -> LlamaConfig:
-    """A one-layer LlamaConfig with the backbone's attention/MLP shape (EAGLE drafts with a Llama layer)."""
-    c = backbone_config
-    heads = c.num_attention_heads
-    rope = getattr(c, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0}
-    return LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=c.hidden_size,
-        intermediate_size=c.intermediate_size,
-        num_hidden_layers=1,
-        num_attention_heads=heads,
-        num_key_value_heads=getattr(c, "num_key_value_heads", None) or heads,
-        head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
-        hidden_act=getattr(c, "hidden_act", "silu"),
-        rms_norm_eps=getattr(c, "rms_norm_eps", 1e-6),
-        max_position_embeddings=c.max_position_embeddings,
-        rope_parameters=dict(rope),
-        attention_bias=False,
-        attn_implementation="sdpa",
-    )
-
-
-def build_vocab_map(counts: torch.Tensor, draft_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """counts (V,) of labelled tokens -> d2t (Dv,) long, t2d (V,) bool: the Dv most frequent ids (ties: lower
-    id), sorted by id, so draft id i is target id i + d2t[i] (EAGLE-3 / SpecForge convention)."""
-    order = torch.argsort(-counts.double() + torch.arange(len(counts)) * 1e-9 / len(counts), stable=True)
-    kept = order[:draft_vocab_size].sort().values  # (Dv,)
-    t2d = torch.zeros(len(counts), dtype=torch.bool)
-    t2d[kept] = True
-    return kept - torch.arange(len(kept)), t2d
-
-
-def vocab_coverage(counts: torch.Tensor, t2d: torch.Tensor) -> float:
-    return float(counts[t2d].sum() / counts.sum().clamp_min(1))
-
-
-def smooth_l1_sum(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """(N, H), (N, H) -> SmoothL1 (beta 1) averaged over H, summed over rows (EAGLE-1's feature loss)."""
-    return F.smooth_l1_loss(pred.float(), target.float(), reduction="none").mean(-1).sum()
-
-
-def _soft_ce_chunk(x: torch.Tensor, teacher: torch.Tensor, w_s: torch.Tensor, w_t: torch.Tensor):
-    log_q = torch.log_softmax((x @ w_s.T).float(), -1)  # (n, Vs) student
-    p = torch.softmax((teacher @ w_t.T).float(), -1)  # (n, Vs) teacher, renormalised over the same ids
-    return -(p * log_q).sum(), (log_q.argmax(-1) == p.argmax(-1)).sum()
-
-
-def soft_cross_entropy(
-    x, teacher, w_student, w_teacher, chunk: int = 1024
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """sum_rows -sum_v softmax(teacher @ w_teacher.T)_v * log_softmax(x @ w_student.T)_v, and top-1 agreements.
-    Each chunk of rows is recomputed in backward (activation checkpointing), so peak memory holds one chunk's
-    logits, never N x V."""
-    loss, hits = x.new_zeros((), dtype=torch.float32), torch.zeros((), dtype=torch.long, device=x.device)
-    for s in range(0, x.shape[0], chunk):
-        args = (x[s : s + chunk], teacher[s : s + chunk], w_student, w_teacher)
-        ce, h = (
-            checkpoint(_soft_ce_chunk, *args, use_reentrant=False)
-            if x.requires_grad
-            else _soft_ce_chunk(*args)
-        )
-        loss, hits = loss + ce, hits + h
-    return loss, hits
-
-
-def ttt_mask(key_valid: torch.Tensor, step: int) -> torch.Tensor:
-    """key_valid (B, T) bool -> (B, 1, T, (step+1) T) bool, True = attend: row t sees the valid step-0 rows
-    <= t (always itself) and its own row in steps 1..step (training-time test; SpecForge's extended mask)."""
-    b, t = key_valid.shape
-    eye = torch.eye(t, dtype=torch.bool, device=key_valid.device).expand(b, t, t)
-    causal = torch.ones(t, t, dtype=torch.bool, device=key_valid.device).tril()[None] & key_valid[:, None, :]
-    return torch.cat([causal | eye] + [eye] * step, dim=-1)[:, None]
+__all__ = ["Eagle3Config", "EagleConfig", "EagleDrafter"]
 
 
 class EagleDrafter(nn.Module):
@@ -252,23 +117,23 @@ class EagleDrafter(nn.Module):
         """EAGLE-3: 3 x (..., H) target layers -> (..., H); EAGLE-1: the final feature itself."""
         return self.fc(torch.cat(feats, -1)) if self.v3 else feats[-1]
 
-    def body(self, feat, tokens, positions, mask=None, cache=None) -> torch.Tensor:
-        """feat (B, T, H), tokens (B, T) target ids, positions (B, T), additive mask (B, 1, T, S) or None
-        (causal over T) -> the layer's output hidden (B, T, H) (EAGLE-1: the predicted feature)."""
+    def body(self, feat, tokens, positions, mask=None, cache=None, ttt_valid=None) -> torch.Tensor:
+        """feat (B, T, H), tokens (B, T) target ids, positions (B, T), and either a mask (B, 1, T, S) (bool or
+        additive; None = causal over T) or `ttt_valid` (B, T) bool for a training-time-test step (the cache
+        then holds the earlier steps; see models/eagle_ttt.py) -> the layer's output hidden (B, T, H)
+        (EAGLE-1: the predicted feature)."""
         dtype = self.fc.weight.dtype
         emb = self._frozen[0](tokens).to(dtype)  # (B, T, H), frozen
         feat = feat.to(dtype)
         pos_emb = self.rotary(feat, positions)
         layer = self.layer
-        if mask is None and tokens.shape[1] > 1:
-            mask = ttt_mask(torch.ones_like(tokens, dtype=torch.bool), 0)
+        if ttt_valid is None and mask is None and tokens.shape[1] > 1:
+            ttt_valid = torch.ones_like(tokens, dtype=torch.bool)  # plain causal = step 0 of the unroll
+        kw = {"attention_mask": mask, "cache": cache, "position_embeddings": pos_emb, "ttt_valid": ttt_valid}
         if not self.v3:
-            x = self.fc(torch.cat([emb, feat], -1))  # (B, T, H)
-            return layer(x, attention_mask=mask, cache=cache, position_embeddings=pos_emb)
+            return layer(self.fc(torch.cat([emb, feat], -1)), **kw)  # (B, T, H)
         x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(feat)], -1)  # (B, T, 2H)
-        attn, _ = layer.self_attn(
-            hidden_states=x, position_embeddings=pos_emb, attention_mask=mask, cache=cache
-        )
+        attn, _ = layer.self_attn(hidden_states=x, **kw)
         h = feat + attn  # the residual is the un-normed feature
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
@@ -299,7 +164,7 @@ class EagleDrafter(nn.Module):
         for s in range(steps):
             if s:
                 g, tokens = hs[-1], next_tokens(s, hs[-1])
-            hs.append(self.body(g, tokens, pos + s, ttt_mask(valid, s), cache))
+            hs.append(self.body(g, tokens, pos + s, cache=cache, ttt_valid=valid))
         return hs
 
     def forward(self, feats: list[torch.Tensor], target: torch.Tensor, batch: dict):
@@ -320,25 +185,41 @@ class EagleDrafter(nn.Module):
 
         hs = self.unroll(g, ids[:, 1:], valid, steps, lambda s, h: shifted(ids, s, 0))
         w_s = self.head_weight()
+        # The teacher's distribution at position j is trained wherever token j+1 is labelled; step s's row t
+        # reads position t+1+s. One table for all steps: (positions, Dv) probabilities and their argmax.
+        need = torch.zeros_like(labels, dtype=torch.bool)
+        need[:, :-1] = labels[:, 1:] != -100  # (B, T)
+        index = need.flatten().cumsum(0).view_as(need) - 1  # (B, T) row of position j in the table
         w_t = self._frozen[1].weight[self.draft_ids()] if self.v3 else w_s
-        loss, metrics = g.new_zeros((), dtype=torch.float32), {}
-        for s, h in enumerate(hs):
+        probs, top = teacher_targets(target[need], w_t, self.cfg.loss_chunk, compute_dtype(target))
+        x, at, segment, weight, counts = [], [], [], [], []
+        for s, h in enumerate(hs):  # every step's rows through one projection call (cast once, one grad)
             rows = shifted(labels, s + 1, -100) != -100  # (B, T-1): token t+2+s is trained
-            teacher = shifted(target, s, 0.0)[rows]  # (N_s, H)
-            ce, hits = soft_cross_entropy(self.head_input(h[rows]), teacher, w_s, w_t, self.cfg.loss_chunk)
-            step_loss = (
-                self.cfg.w_tok * ce + self.cfg.w_feat * smooth_l1_sum(h[rows], teacher) if not self.v3 else ce
-            )
-            loss = loss + (self.cfg.decay**s if self.v3 else 1.0) * step_loss
-            hist = torch.zeros(RANKS, dtype=torch.long, device=h.device)
-            hist[0] = hits
-            metrics |= {
-                f"head{s}/loss_sum": ce.detach(),
-                f"head{s}/rank_hist": hist,
-                f"head{s}/n": rows.sum(),
-            }
-            if s == 0:
-                count = rows.sum()
+            x.append(self.head_input(h[rows]))
+            at.append(shifted(index, s, 0)[rows])  # (N_s,) table rows of positions t+1+s
+            segment.append(torch.full_like(at[-1], s))
+            weight.append(torch.full(at[-1].shape, self.cfg.decay**s if self.v3 else self.cfg.w_tok))
+            counts.append(rows.sum())
+        at = torch.cat(at)
+        loss, seg_loss, hist = linear_soft_cross_entropy(
+            torch.cat(x),
+            w_s,
+            probs,
+            top[at],
+            self.cfg.loss_chunk,
+            at,
+            torch.cat(segment),
+            steps,
+            torch.cat(weight).to(g.device),
+            full_ranks=not self.training,
+        )
+        if not self.v3:  # EAGLE-1: plus the feature regression
+            rows = shifted(labels, 1, -100) != -100
+            loss = loss + self.cfg.w_feat * smooth_l1_sum(hs[0][rows], shifted(target, 0, 0.0)[rows])
+        metrics = {}
+        for s, n in enumerate(counts):
+            metrics |= {f"head{s}/loss_sum": seg_loss[s], f"head{s}/rank_hist": hist[s], f"head{s}/n": n}
+        count = counts[0]
         if not self.training:
             metrics["sim_tau_sum"] = self.simulated_tau(
                 g, ids, target, valid, shifted(labels, 1, -100) != -100
@@ -357,7 +238,7 @@ class EagleDrafter(nn.Module):
         total = rows.sum().to(torch.float64)
         t = g.shape[1]
         for s in range(self.cfg.sim_steps):
-            h = self.body(feat, tokens, pos + s, ttt_mask(valid, s), cache)
+            h = self.body(feat, tokens, pos + s, cache=cache, ttt_valid=valid)
             draft = self.draft_ids()[_argmax(self.head_input(h), self.head_weight(), self.cfg.loss_chunk)]
             ref = torch.cat([greedy[:, 1 + s :], greedy.new_full((g.shape[0], s), -1)], 1)[:, :t]  # (B, T-1)
             ok = ok & (draft == ref)

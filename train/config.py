@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from headstart.data import DataConfig
 from headstart.models.backbone import BackboneConfig
 from headstart.models.distill import DistillConfig
-from headstart.models.eagle import Eagle3Config, EagleConfig
+from headstart.models.eagle_config import Eagle3Config, EagleConfig
 from headstart.models.medusa import MedusaConfig
 
 

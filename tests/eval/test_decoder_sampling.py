@@ -108,3 +108,33 @@ def test_prompt_lookup_sampling_matches_target(target):
     likely = exact_next(target, [prompt])[0].topk(6).indices.tolist()
     prompt = [t for x in likely for t in (x, x, x)] + prompt
     check_lossless(decoder, target, prompt)
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_eagle_dynamic_tree_sampling_matches_target(target, method):
+    """EAGLE-2's dynamic tree (top-k candidates of a trained EAGLE-1 / EAGLE-3 drafter, re-ranked) under
+    recursive rejection sampling: the emitted tokens follow the target's distribution."""
+    from headstart.models.eagle_config import Eagle3Config, EagleConfig
+
+    cfg = EagleConfig(noise=0.0) if method == "eagle" else Eagle3Config(draft_vocab_size=259, ttt_steps=2)
+    torch.manual_seed(0)
+    drafter = build_drafter(method, cfg, target)
+    prompt = target.tokenizer("the cat")["input_ids"]
+    g = torch.Generator().manual_seed(0)
+    rows = []  # sampled continuations of the prompt (what the drafter will be asked to predict)
+    for _ in range(16):
+        ids = list(prompt)
+        for _ in range(6):
+            ids.append(int(torch.multinomial(exact_next(target, [ids])[0], 1, generator=g)))
+        rows.append(ids)
+    ids = torch.tensor(rows)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    final, aux = target(ids, batch["attention_mask"], layers=drafter.aux_layers)
+    opt = torch.optim.Adam([p for p in drafter.parameters() if p.requires_grad], lr=3e-3)
+    for _ in range(30):
+        loss, n, _ = drafter(aux if drafter.v3 else [final], final, batch)
+        (loss / n).backward()
+        opt.step()
+        opt.zero_grad()
+    decoder = Decoder(target, method, drafter.eval(), tree_nodes=6, topk=3, num_draft_tokens=2)
+    check_lossless(decoder, target, prompt, n_samples=1000)

@@ -9,7 +9,7 @@ import torch
 from headstart.eval.decoder import Decoder
 from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import build_drafter
-from headstart.models.eagle import Eagle3Config, EagleConfig
+from headstart.models.eagle_config import Eagle3Config, EagleConfig
 
 CONFIGS = {"eagle": EagleConfig(noise=0.0), "eagle3": Eagle3Config(draft_vocab_size=259, ttt_steps=2)}
 

@@ -9,16 +9,15 @@ import pytest
 import torch
 
 from headstart.models.checkpoint import build_drafter
-from headstart.models.eagle import (
+from headstart.models.chunked_ce import linear_soft_cross_entropy
+from headstart.models.eagle_config import (
     Eagle3Config,
     EagleConfig,
     build_vocab_map,
     resolve_aux_layers,
-    smooth_l1_sum,
-    soft_cross_entropy,
-    ttt_mask,
     vocab_coverage,
 )
+from headstart.models.eagle_ttt import smooth_l1_sum, teacher_targets, ttt_mask
 
 
 def _batch(seed: int = 0, b: int = 2, t: int = 12) -> dict:
@@ -45,14 +44,69 @@ def test_smooth_l1_and_soft_ce_by_hand():
         0.8125
     )
     eye = torch.eye(2)
-    ce, hits = soft_cross_entropy(torch.zeros(1, 2), torch.zeros(1, 2), eye, eye)  # uniform vs uniform: ln 2
-    assert ce.item() == pytest.approx(math.log(2)) and hits.item() == 1
-    x = torch.tensor([[2.0, 0.0], [0.0, 1.0]], requires_grad=True)
-    chunked, _ = soft_cross_entropy(x, x.detach() * 3, eye, eye, chunk=1)
-    whole = -(torch.softmax(x.detach() * 3, -1) * torch.log_softmax(x, -1)).sum()
-    torch.testing.assert_close(chunked, whole)
-    chunked.backward()  # checkpointed chunks still give gradients
-    assert x.grad is not None and x.grad.abs().sum() > 0
+    uniform = torch.full((1, 2), 0.5)
+    ce, _, hist = linear_soft_cross_entropy(torch.zeros(1, 2), eye, uniform, torch.tensor([0]))
+    assert ce.item() == pytest.approx(math.log(2)) and hist[0, 0].item() == 1  # uniform vs uniform: ln 2
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 64])
+def test_soft_ce_matches_autograd_reference(chunk):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(11, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    probs, top = teacher_targets(
+        torch.randn(7, 5, generator=g, dtype=torch.float64), w.detach() * 2, 3, torch.float64
+    )
+    ce, _, hist = linear_soft_cross_entropy(x, w, probs, top, chunk)
+    ce.backward()
+    x_ref, w_ref = x.detach().requires_grad_(), w.detach().requires_grad_()
+    logits = x_ref @ w_ref.T
+    ref = -(probs * torch.log_softmax(logits, -1)).sum()
+    ref.backward()
+    torch.testing.assert_close(ce, ref)
+    torch.testing.assert_close(x.grad, x_ref.grad)
+    torch.testing.assert_close(w.grad, w_ref.grad)
+    assert hist[0, 0].item() == (logits.argmax(-1) == top).sum().item() and hist[0, 1:].sum() == 0
+    torch.testing.assert_close(probs.sum(-1), torch.ones(7, dtype=torch.float64))
+
+
+def test_ttt_attention_equals_sdpa_under_the_extended_mask(backbone):
+    """The unrolled attention (own-row keys scored as dot products) gives the same outputs and gradients as
+    SDPA over the whole (T, (s+1) T) training-time-test mask, padding included."""
+    from headstart.models import eagle_ttt
+
+    batch = _batch()
+    torch.manual_seed(0)
+    d = build_drafter("eagle3", Eagle3Config(ttt_steps=3, draft_vocab_size=64), backbone).train()
+    final, aux = backbone(batch["input_ids"], batch["attention_mask"], layers=d.aux_layers)
+    d.cfg.noise = 0.0
+
+    def run(fast: bool):
+        d.zero_grad()
+        if fast:
+            loss, _, _ = d(aux, final, batch)
+        else:  # the reference: every step through SDPA with the explicit extended mask
+            original = d.body
+
+            def body(feat, tokens, positions, mask=None, cache=None, ttt_valid=None):
+                step = cache.get_seq_length() // tokens.shape[1]
+                return original(feat, tokens, positions, ttt_mask(ttt_valid, step), cache)
+
+            d.body = body
+            try:
+                loss, _, _ = d(aux, final, batch)
+            finally:
+                del d.body
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in d.parameters() if p.grad is not None]
+
+    fast, fast_grads = run(True)
+    ref, ref_grads = run(False)
+    torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-5)
+    assert len(fast_grads) == len(ref_grads) > 0
+    for a, b in zip(fast_grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert d.layer_config._attn_implementation == eagle_ttt.ATTENTION
 
 
 def test_eagle1_loss_is_weighted_sum(backbone):

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from headstart.models.checkpoint import build_drafter
-from headstart.models.eagle import Eagle3Config, EagleConfig
+from headstart.models.eagle_config import Eagle3Config, EagleConfig
 from headstart.models.export_eagle import read_layout, write_layout
 
 LAYER = [

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from headstart.data import TokenizedDataset, collate
 from headstart.models.checkpoint import build_drafter
-from headstart.models.eagle import Eagle3Config, EagleConfig
+from headstart.models.eagle_config import Eagle3Config, EagleConfig
 from headstart.train.hidden_cache import (
     CachedHiddenDataset,
     HiddenCacheError,

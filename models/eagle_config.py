@@ -1,0 +1,119 @@
+"""EAGLE drafter settings: the method configs (EAGLE-1/2, EAGLE-3), the fused target layers, the draft layer's
+shape, and EAGLE-3's reduced draft vocabulary (d2t / t2d maps built from token frequencies in the data)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import LlamaConfig
+
+from headstart.models.eagle_ttt import ATTENTION
+
+HIDDEN_CACHES = ("online", "offline")
+HIDDEN_CACHE_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def _check_hidden_cache(cfg) -> None:
+    if cfg.hidden_cache not in HIDDEN_CACHES or cfg.hidden_cache_dtype not in HIDDEN_CACHE_DTYPES:
+        raise ValueError(
+            f"method.hidden_cache={cfg.hidden_cache!r}, method.hidden_cache_dtype={cfg.hidden_cache_dtype!r}: "
+            f"expected one of {HIDDEN_CACHES} and one of {HIDDEN_CACHE_DTYPES}"
+        )
+
+
+@dataclass
+class EagleConfig:  # EAGLE-1/2
+    w_feat: float = 1.0  # EAGLE-1's v_w
+    w_tok: float = 0.1  # EAGLE-1's p_w
+    noise: float = 0.2  # uniform noise U(-noise/2, noise/2) on input features while training
+    sim_steps: int = 4  # draft chain length of the simulated tau (eval batches)
+    loss_chunk: int = 1024  # rows per vocabulary-projection chunk (the soft CE never holds N x V logits)
+    # Target features: "online" (the frozen backbone runs in every step) or "offline" (computed once before
+    # training into safetensors shards under cache_dir/hidden/, reused while the backbone and data match).
+    hidden_cache: str = "online"
+    hidden_cache_dtype: str = "bfloat16"  # bfloat16 | float16 | float32 (offline shards only)
+
+    def __post_init__(self) -> None:
+        if self.w_feat < 0 or self.w_tok < 0 or self.w_feat + self.w_tok == 0:
+            raise ValueError("method.w_feat and method.w_tok must be >= 0 and not both 0")
+        if self.noise < 0 or self.sim_steps < 1 or self.loss_chunk < 1:
+            raise ValueError("method.noise must be >= 0, method.sim_steps and method.loss_chunk >= 1")
+        _check_hidden_cache(self)
+
+
+@dataclass
+class Eagle3Config:
+    # HF hidden_states ids = the *input* of decoder layer i (vLLM's convention); [] = (2, N//2, N-3), clamped
+    # into [1, N-1] for backbones too shallow for that.
+    aux_layers: list[int] = field(default_factory=list)
+    ttt_steps: int = 3  # training-time-test unroll (SpecForge: 7)
+    decay: float = 0.8  # step s's loss weight is decay**s
+    draft_vocab_size: int = 32000  # clamped to the backbone's vocabulary; the most frequent labelled tokens
+    min_coverage: float = 0.9  # refuse a draft vocabulary that covers less of the labelled tokens than this
+    noise: float = 0.0
+    sim_steps: int = 4
+    loss_chunk: int = 1024
+    hidden_cache: str = "online"  # online | offline (see EagleConfig)
+    hidden_cache_dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.ttt_steps <= 16 or not 0 < self.decay <= 1:
+            raise ValueError("method.ttt_steps must be in 1..16 and method.decay in (0, 1]")
+        if self.aux_layers and len(self.aux_layers) != 3:
+            raise ValueError(f"method.aux_layers={self.aux_layers}: EAGLE-3 fuses exactly 3 layers (or [])")
+        if self.draft_vocab_size < 1 or not 0 <= self.min_coverage <= 1:
+            raise ValueError("method.draft_vocab_size must be >= 1 and method.min_coverage in [0, 1]")
+        if self.noise < 0 or self.sim_steps < 1 or self.loss_chunk < 1:
+            raise ValueError("method.noise must be >= 0, method.sim_steps and method.loss_chunk >= 1")
+        _check_hidden_cache(self)
+
+
+def resolve_aux_layers(cfg: Eagle3Config, num_layers: int) -> tuple[int, ...]:
+    """The 3 hidden_states ids to fuse, each the input of a decoder layer in [0, N) (what vLLM can capture)."""
+    if not cfg.aux_layers:
+        return tuple(min(max(i, 1), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3))
+    bad = [i for i in cfg.aux_layers if not 0 <= i < num_layers]
+    if bad:
+        raise ValueError(
+            f"method.aux_layers={cfg.aux_layers}: ids {bad} are outside the backbone's {num_layers} layers. "
+            f"Fix: ids in 0..{num_layers - 1} (id i = the input of decoder layer i), or [] for the default"
+        )
+    return tuple(cfg.aux_layers)
+
+
+def draft_layer_config(backbone_config, vocab_size: int) -> LlamaConfig:
+    """A one-layer LlamaConfig with the backbone's attention/MLP shape (EAGLE drafts with a Llama layer). Its
+    attention is `eagle_attention` (models/eagle_ttt.py): SDPA, plus the training-time-test unroll."""
+    c = backbone_config
+    heads = c.num_attention_heads
+    rope = getattr(c, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0}
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        num_hidden_layers=1,
+        num_attention_heads=heads,
+        num_key_value_heads=getattr(c, "num_key_value_heads", None) or heads,
+        head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
+        hidden_act=getattr(c, "hidden_act", "silu"),
+        rms_norm_eps=getattr(c, "rms_norm_eps", 1e-6),
+        max_position_embeddings=c.max_position_embeddings,
+        rope_parameters=dict(rope),
+        attention_bias=False,
+        attn_implementation=ATTENTION,
+    )
+
+
+def build_vocab_map(counts: torch.Tensor, draft_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """counts (V,) of labelled tokens -> d2t (Dv,) long, t2d (V,) bool: the Dv most frequent ids (ties: lower
+    id), sorted by id, so draft id i is target id i + d2t[i] (EAGLE-3 / SpecForge convention)."""
+    order = torch.argsort(-counts.double() + torch.arange(len(counts)) * 1e-9 / len(counts), stable=True)
+    kept = order[:draft_vocab_size].sort().values  # (Dv,)
+    t2d = torch.zeros(len(counts), dtype=torch.bool)
+    t2d[kept] = True
+    return kept - torch.arange(len(kept)), t2d
+
+
+def vocab_coverage(counts: torch.Tensor, t2d: torch.Tensor) -> float:
+    return float(counts[t2d].sum() / counts.sum().clamp_min(1))
