@@ -11,6 +11,12 @@ step = the target's forward under no_grad, then the draft's forward + backward w
 student's (B, T, V) fp32 logits and takes the divergence over them. The draft is the target pruned to
 `--draft-layers` layers, the divergence `--divergence`.
 
+EAGLE (`--variants eagle3,eagle3_naive,eagle,eagle_naive`): one step = the backbone's forward (the aux layers and
+the final feature, no grad), then the drafter's training-time-test unroll (`--ttt-steps`, 7 as in the EAGLE
+repo and SpecForge) + backward. Ours takes the soft cross-entropy chunk by chunk (models/eagle.py); the naive
+loss is the EAGLE repo's: the target's full-vocabulary logits and probabilities and every step's draft logits
+in fp32, all alive until backward.
+
     python train/benchmark.py                       # SmolLM2-135M, 4 heads, batch 4 x 512, bf16
     python train/benchmark.py --backbone tiny --steps 2
     python train/benchmark.py --variants distill,distill_naive --batch 2 --seq-len 256
@@ -30,6 +36,8 @@ import torch.nn.functional as F
 
 VARIANTS = ("chunked", "chunked_shared", "naive")  # the default run: Medusa
 DISTILL_VARIANTS = ("distill", "distill_naive")
+EAGLE_VARIANTS = ("eagle3", "eagle3_naive", "eagle", "eagle_naive")
+ALL_VARIANTS = VARIANTS + DISTILL_VARIANTS + EAGLE_VARIANTS
 
 
 def naive_loss(heads, hidden, labels):
@@ -56,6 +64,25 @@ def naive_distill_loss(backbone, drafter, ids, loss_mask, teacher_hidden):
     return div.sum() / loss_mask.sum()
 
 
+def naive_eagle_loss(eagle, lm_head_weight, draft_ids):
+    """Swap the EAGLE drafter's loss for the EAGLE repo's: the teacher's (N, V) fp32 logits over the full
+    vocabulary, then probabilities over the draft ids, and each step's (N, Dv) fp32 student logits through
+    autograd's log_softmax, every step's graph alive until backward."""
+
+    def teacher(target, weight_draft_rows, chunk, dtype):
+        logits = (target @ lm_head_weight.to(target.dtype).T).float()  # (N, V)
+        p = torch.softmax(logits[:, draft_ids], -1)  # (N, Dv)
+        return p, p.argmax(-1)
+
+    def soft_ce(x, weight, probs, top, chunk=None):
+        log_q = torch.log_softmax((x @ weight.T).float(), -1)  # (N, Dv)
+        hist = torch.zeros(10, dtype=torch.long)
+        hist[0] = (log_q.argmax(-1) == top).sum()
+        return -(probs * log_q).sum(), hist
+
+    eagle.teacher_targets, eagle.linear_soft_cross_entropy = teacher, soft_ce
+
+
 def build(args, backbone):
     """The drafter of the variant's method."""
     from headstart.models.checkpoint import build_drafter
@@ -67,20 +94,42 @@ def build(args, backbone):
         return build_drafter(
             "distillspec", DistillConfig(num_layers=layers, divergence=args.divergence), backbone
         )
+    if args.variant in EAGLE_VARIANTS:
+        from headstart.models import eagle
+
+        if args.variant.startswith("eagle3"):
+            cfg = eagle.Eagle3Config(ttt_steps=args.ttt_steps, draft_vocab_size=args.draft_vocab)
+            drafter = build_drafter("eagle3", cfg, backbone)
+            # any fixed draft vocabulary: the cost is its size
+            counts = torch.arange(backbone.vocab_size, 0, -1)
+            drafter.set_vocab_map(*eagle.build_vocab_map(counts, len(drafter.d2t)))
+        else:
+            drafter = build_drafter("eagle", eagle.EagleConfig(), backbone)
+        if args.variant.endswith("_naive"):
+            naive_eagle_loss(eagle, backbone.lm_head.weight, drafter.draft_ids())
+        return drafter
     share = args.variant == "chunked_shared"
     return build_drafter("medusa", MedusaConfig(num_heads=args.heads, share_lm_head=share), backbone)
 
 
 def step_loss(args, backbone, drafter, ids, labels) -> torch.Tensor:
     """One step's loss: the target's forward (no grad), then the drafter's (autocast bf16 as in training)."""
-    hidden, _ = backbone(ids)  # (B, T, H), no grad
+    if args.variant in EAGLE_VARIANTS:  # the method's own step runs the backbone
+        hidden = None
+    else:
+        hidden, _ = backbone(ids)  # (B, T, H), no grad
     loss_mask = labels[:, 1:] != -100  # (B, T-1): position t predicts labelled token t+1
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bfloat16"):
         if args.variant == "naive":
             return naive_loss(drafter, hidden, labels)
         if args.variant == "distill_naive":
             return naive_distill_loss(backbone, drafter, ids, loss_mask, hidden)
-        if args.variant == "distill":
+        if args.variant in EAGLE_VARIANTS:
+            from headstart.train.methods import eagle_step
+
+            batch = {"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids)}
+            loss_sum, count, _ = eagle_step(backbone, drafter, batch)
+        elif args.variant == "distill":
             loss_sum, count, _ = drafter(ids, torch.ones_like(ids), loss_mask, hidden)
         else:
             loss_sum, count, _ = drafter(hidden, labels)
@@ -130,6 +179,8 @@ def main() -> None:
         "--draft-layers", type=int, default=6, help="distill: target layers the pruned draft keeps"
     )
     p.add_argument("--divergence", default="fkl", choices=["fkl", "rkl", "jsd", "tvd"], help="distill")
+    p.add_argument("--ttt-steps", type=int, default=7, help="eagle3: training-time-test steps")
+    p.add_argument("--draft-vocab", type=int, default=32000, help="eagle3: draft vocabulary size")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--steps", type=int, default=3)
@@ -141,11 +192,12 @@ def main() -> None:
         print(json.dumps(run_variant(args)))
         return
     variants = args.variants.split(",")
-    unknown = sorted(set(variants) - set(VARIANTS + DISTILL_VARIANTS))
+    unknown = sorted(set(variants) - set(ALL_VARIANTS))
     if unknown:
-        p.error(f"--variants: unknown {unknown}; expected some of {list(VARIANTS + DISTILL_VARIANTS)}")
+        p.error(f"--variants: unknown {unknown}; expected some of {list(ALL_VARIANTS)}")
     shared = ["--backbone", args.backbone, "--dtype", args.dtype, "--heads", str(args.heads)]
     shared += ["--draft-layers", str(args.draft_layers), "--divergence", args.divergence]
+    shared += ["--ttt-steps", str(args.ttt_steps), "--draft-vocab", str(args.draft_vocab)]
     shared += ["--batch", str(args.batch), "--seq-len", str(args.seq_len), "--steps", str(args.steps)]
     rows = []
     for variant in variants:
@@ -157,7 +209,9 @@ def main() -> None:
         print(json.dumps(rows[-1]), flush=True)
     print(f"\n{'variant':<16}{'tok/s':>10}{'peak MB':>10}{'speed x':>9}{'mem x':>8}")
     for r in rows:
-        naive = "distill_naive" if r["variant"] in DISTILL_VARIANTS else "naive"
+        naive = {"distill": "distill_naive", "eagle3": "eagle3_naive", "eagle": "eagle_naive"}.get(
+            r["variant"].removesuffix("_naive"), "naive"
+        )
         base = next((b for b in rows if b["variant"] == naive), r)  # vs the same method's naive loss
         print(
             f"{r['variant']:<16}{r['tokens_per_s']:>10.1f}{r['peak_rss_mb']:>10.0f}"
