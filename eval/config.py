@@ -41,7 +41,9 @@ class EvalConfig:
     num_draft_tokens: int = 4  # prompt_lookup / draft: tokens proposed per step
     # medusa: "" (built from the checkpoint's head accuracies, else Medusa's default) | default | chain
     tree: str = ""
-    tree_nodes: int = 0  # medusa: candidate-tree size; 0 = the decoder default (63 on CUDA, 4 on CPU)
+    # medusa / eagle: candidate-tree size; 0 = the decoder default (medusa 63 on CUDA, 4 on CPU; eagle 32, 8)
+    tree_nodes: int = 0
+    topk: int = 0  # eagle: children per expanded node and nodes expanded per level; 0 = 8
     draft: str = ""  # method=draft: the draft model (Hub id, folder or .gguf), same tokenizer as the target
     warmup: int = 1  # prompts decoded untimed (both paths) before measuring
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -53,10 +55,10 @@ class EvalConfig:
             raise EvalError(f"top_p={self.top_p}: must be in (0, 1]")
         if self.max_new_tokens < 1 or self.max_cache_len < 2 or self.num_draft_tokens < 1:
             raise EvalError("max_new_tokens, num_draft_tokens must be >= 1 and max_cache_len >= 2")
-        if self.tree not in ("", "default", "chain") or self.tree_nodes < 0:
+        if self.tree not in ("", "default", "chain") or self.tree_nodes < 0 or self.topk < 0:
             raise EvalError(
-                f"tree={self.tree!r} / tree_nodes={self.tree_nodes}: expected tree in '', default, chain "
-                "and tree_nodes >= 0"
+                f"tree={self.tree!r} / tree_nodes={self.tree_nodes} / topk={self.topk}: expected tree in '', "
+                "default, chain and tree_nodes, topk >= 0"
             )
         if self.limit_per_category < 0 or self.warmup < 0:
             raise EvalError("limit_per_category and warmup must be >= 0 (limit 0 means all prompts)")

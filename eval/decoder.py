@@ -29,6 +29,9 @@ DEFAULT_TREE_NODES = 63  # Medusa's default budget (mc_sim_7b_63), for GPUs
 # On a CPU a verify forward of 4-8 tokens costs about one step, 16 already ~1.5 steps (SmolLM2-135M, bf16):
 # measured speedup peaked at 3-6 nodes for the CPU-trained heads (tau ~1.4), so CPU runs default to 4.
 CPU_TREE_NODES = 4
+# EAGLE-2's dynamic tree: EAGLE-2 verifies ~60 nodes on GPUs; on this CPU verifying 8 tokens costs about what 1
+# does (16: +25%, 32: +70%), so CPU runs verify 8.
+EAGLE_TREE_NODES, CPU_EAGLE_TREE_NODES, EAGLE_TOPK = 32, 8, 8
 
 
 @dataclass
@@ -65,7 +68,8 @@ class Decoder:
     head), "default" (Medusa's mc_sim_7b_63 cut to `tree_nodes` and to the heads' depth) or None (the tree
     built from `head_accuracy` if given, else "default"). draft: `draft_backbone` proposes `num_draft_tokens`.
     prompt_lookup: up to `num_draft_tokens` tokens from n-grams of up to `max_ngram`. eagle/eagle3: `drafter` =
-    EagleDrafter; EAGLE-2's dynamic tree of `tree_nodes` (default 32) nodes, `num_draft_tokens` levels deep.
+    EagleDrafter; EAGLE-2's dynamic tree of `tree_nodes` nodes (default 32 on CUDA, 8 on CPU),
+    `num_draft_tokens` levels deep, expanding the `topk` (default 8) most confident nodes per level.
     `typical=True` (medusa,
     temperature > 0) uses Medusa's typical acceptance, which is LOSSY. `cuda_graphs` (default: True on CUDA)
     captures each verify width in a CUDA graph; the first generate() of each width pays the capture.
@@ -87,6 +91,7 @@ class Decoder:
         head_accuracy: list[list[float]] | None = None,
         max_ngram: int = 3,
         cuda_graphs: bool | None = None,
+        topk: int | None = None,
     ) -> None:
         if method not in METHODS:
             raise ValueError(f"unknown decoding method {method!r}: expected one of {list(METHODS)}")
@@ -100,12 +105,12 @@ class Decoder:
         self.max_cache_len = max_cache_len
         self.runner = ModelRunner(backbone, max_cache_len, self.cuda_graphs)
         self.proposer: Proposer | None = self._make_proposer(
-            drafter, draft_backbone, tree, num_draft_tokens, tree_nodes, head_accuracy, max_ngram
+            drafter, draft_backbone, tree, num_draft_tokens, tree_nodes, head_accuracy, max_ngram, topk
         )
         self.eos_token_ids = _default_eos(backbone)
         self._sync = torch.cuda.synchronize if self.device.type == "cuda" else _no_sync
 
-    def _make_proposer(self, drafter, draft_backbone, tree, k, tree_nodes, head_accuracy, max_ngram):
+    def _make_proposer(self, drafter, draft_backbone, tree, k, tree_nodes, head_accuracy, max_ngram, topk):
         if self.method == "vanilla":
             return None
         if self.method == "medusa":
@@ -142,7 +147,11 @@ class Decoder:
             drafter.to(self.device)
             # target features are read through hooks, which graph replays skip
             self.runner.cuda_graphs = False
-            return EagleProposer(drafter, self.backbone, self.device, depth=k, total_tokens=tree_nodes or 32)
+            if tree_nodes is None:
+                tree_nodes = EAGLE_TREE_NODES if self.device.type == "cuda" else CPU_EAGLE_TREE_NODES
+            return EagleProposer(
+                drafter, self.backbone, self.device, depth=k, total_tokens=tree_nodes, topk=topk or EAGLE_TOPK
+            )
         raise AssertionError(f"method {self.method!r} is in METHODS but has no proposer")
 
     def generate(

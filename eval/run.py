@@ -123,6 +123,8 @@ class Evaluator:
         opts = {"max_cache_len": cfg.max_cache_len, "num_draft_tokens": cfg.num_draft_tokens}
         if method == "medusa":
             opts.update(tree=cfg.tree or None, tree_nodes=cfg.tree_nodes or None)
+        if method in ("eagle", "eagle3"):
+            opts.update(tree_nodes=cfg.tree_nodes or None, topk=cfg.topk or None)
         if method == "draft" and cfg.draft:  # an HF draft model named on the command line
             dcfg = BackboneConfig(name="draft", path=cfg.draft, dtype=bcfg.dtype)
             opts["draft_backbone"] = self.backbone(dcfg)
