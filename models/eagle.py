@@ -143,6 +143,14 @@ class EagleDrafter(nn.Module):
     def head_input(self, h: torch.Tensor) -> torch.Tensor:
         return self.norm(h) if self.v3 else h
 
+    def top_draft(self, h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(..., H) -> the k most likely next tokens under the draft distribution: (log-probs (..., k) fp32,
+        target ids (..., k)). Over the draft vocabulary only (no (..., V) scatter; EAGLE-3's d2t maps ids)."""
+        x = self.head_input(h)
+        logp = torch.log_softmax((x @ self.head_weight().to(x.dtype).T).float(), -1)  # (..., Dv)
+        score, idx = logp.topk(k, -1)
+        return score, self.draft_ids()[idx] if self.v3 else idx
+
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """(..., H) -> (..., V) target-vocabulary logits (-inf outside the draft vocabulary)."""
         x = self.head_input(h)

@@ -101,8 +101,7 @@ class EagleProposer:
             self.cache,
         )[0]  # (m, H)
         self.cache_len += m
-        logp = torch.log_softmax(d.logits(h[-1]).float(), -1)  # (V,) after the root
-        score, tok = logp.topk(self.topk)  # (k,)
+        score, tok = d.top_draft(h[-1], self.topk)  # (k,) after the root
         # candidates: cumulative score, token, parent candidate (-1 = root), depth
         scores, toks, parents, depths = score.tolist(), tok.tolist(), [-1] * self.topk, [1] * self.topk
         frontier = list(range(self.topk))
@@ -128,8 +127,7 @@ class EagleProposer:
             )
             anc_rows = torch.cat([torch.cat([anc_rows, anc_rows.new_zeros(len(fed), n)], 1), anc], 0)
             fed += frontier
-            logp = torch.log_softmax(d.logits(out).float(), -1)  # (n, V)
-            top_p, top_t = logp.topk(self.topk, -1)  # (n, k)
+            top_p, top_t = d.top_draft(out, self.topk)  # (n, k)
             cum = top_p + torch.tensor([scores[c] for c in frontier], device=self.device)[:, None]
             first = len(scores)
             for i, c in enumerate(frontier):

@@ -52,3 +52,12 @@ def test_eagle_train_resume_reload(tmp_path, method):
     res = run_train([*over, "train.max_steps=6"], script="train/eagle.py")
     assert "resumed from" in res.stderr + res.stdout
     assert json.loads((run_dir / "drafter" / "config.json").read_text())["step"] == 6
+    if method == "eagle3":  # the simulated-vs-measured comparison reads the run's checkpoints
+        from headstart.eval.sim_vs_measured import compare
+
+        prompts = tmp_path / "prompts.jsonl"
+        prompts.write_text('{"question_id": 1, "category": "x", "turns": ["hello there"]}\n')
+        summary = compare([str(run_dir)], str(prompts), 1, 6, tmp_path / "svm")
+        assert {r["step"] for r in summary["rows"]} >= {4, 6}
+        assert all(r["sim"] >= 1 and r["chain"] >= 1 and r["tree"] >= 1 for r in summary["rows"])
+        assert (tmp_path / "svm" / "sim_vs_measured.png").stat().st_size > 0
