@@ -323,6 +323,8 @@ def build_decoder(method: str, backbone, checkpoint_dir: str | None = None, **op
         drafter, meta = load_drafter(checkpoint_dir, backbone)
         if meta["method"] != method and {meta["method"], method} != {"eagle", "eagle3"}:
             raise ValueError(f"{checkpoint_dir} holds a {meta['method']!r} drafter, not {method!r}")
+        if method != "medusa":  # served in the target's dtype (bf16 on a bf16 target), like a draft model
+            drafter = drafter.to_serving_dtype(backbone.dtype)
         if meta.get("head_topk_accuracy") and "head_accuracy" not in opts:
             opts["head_accuracy"] = meta["head_topk_accuracy"]
     return Decoder(backbone, method, drafter, **opts)

@@ -143,11 +143,19 @@ class EagleDrafter(nn.Module):
     def head_input(self, h: torch.Tensor) -> torch.Tensor:
         return self.norm(h) if self.v3 else h
 
+    def to_serving_dtype(self, dtype: torch.dtype) -> EagleDrafter:
+        """Cast the weights for decoding (bf16 on a bf16 target), keeping RoPE's inverse frequencies in fp32:
+        rounded to bf16 they would shift every rotary angle the drafter was trained with."""
+        for name, child in self.named_children():
+            if name != "rotary":
+                child.to(dtype)
+        return self
+
     def top_draft(self, h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(..., H) -> the k most likely next tokens under the draft distribution: (log-probs (..., k) fp32,
         target ids (..., k)). Over the draft vocabulary only (no (..., V) scatter; EAGLE-3's d2t maps ids)."""
-        x = self.head_input(h)
-        logp = torch.log_softmax((x @ self.head_weight().to(x.dtype).T).float(), -1)  # (..., Dv)
+        w = self.head_weight()  # cast the rows, never the (Dv, H) projection (a frozen bf16 lm_head)
+        logp = torch.log_softmax((self.head_input(h).to(w.dtype) @ w.T).float(), -1)  # (..., Dv)
         score, idx = logp.topk(k, -1)
         return score, self.draft_ids()[idx] if self.v3 else idx
 

@@ -73,3 +73,19 @@ def test_trained_drafter_is_accepted_and_lossless(sharp, method):
     assert dec.proposer.cache.get_seq_length() == dec.proposer.cache_len  # tree rows were cropped
     sampled = dec.generate(prompts[0], 24, temperature=0.7, seed=0, eos_token_ids=[])
     assert len(sampled.tokens) == 24 and sampled.stats.tau >= 1.0
+
+
+def test_served_in_the_target_dtype_with_fp32_rope(tmp_path):
+    """A checkpoint loaded for decoding runs in the target's dtype (no per-node fp32 copy of a bf16 lm_head),
+    except RoPE's inverse frequencies, which stay exactly what training used."""
+    from headstart.eval.decoder import build_decoder
+    from headstart.models.checkpoint import save_drafter
+
+    cfg = BackboneConfig(name="tiny", path="tiny", dtype="bfloat16")
+    bb = load_backbone(cfg)
+    d = build_drafter("eagle3", CONFIGS["eagle3"], bb)
+    save_drafter(tmp_path / "drafter", d, "eagle3", CONFIGS["eagle3"], cfg, bb)
+    served = build_decoder("eagle3", bb, str(tmp_path / "drafter")).proposer.drafter
+    assert served.fc.weight.dtype == served.lm_head.weight.dtype == torch.bfloat16
+    assert served.rotary.inv_freq.dtype == torch.float32
+    torch.testing.assert_close(served.rotary.inv_freq, d.rotary.inv_freq, rtol=0, atol=0)
