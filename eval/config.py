@@ -38,12 +38,14 @@ class EvalConfig:
     device: str = "auto"  # auto (cuda when present) | cpu | cuda | cuda:N
     dtype: str = ""  # empty: the dtype the checkpoint's backbone was trained with
     max_cache_len: int = 2048  # KV-cache length: every turn's full conversation + its answer must fit
-    num_draft_tokens: int = 4  # prompt_lookup / draft: tokens proposed per step
+    # prompt_lookup / draft: tokens proposed per step; eagle: tree depth. 0 = the decoder's default (4; eagle:
+    # EAGLE-2's depth 5 on CUDA, 2 on CPU)
+    num_draft_tokens: int = 0
     # medusa: "" (built from the checkpoint's head accuracies, else Medusa's default) | default | chain
     tree: str = ""
-    # medusa / eagle: candidate-tree size; 0 = the decoder default (medusa 63 on CUDA, 4 on CPU; eagle 32, 8)
+    # medusa / eagle: candidate-tree size; 0 = the decoder default (medusa 63 on CUDA, 4 on CPU; eagle 60, 6)
     tree_nodes: int = 0
-    topk: int = 0  # eagle: children per expanded node and nodes expanded per level; 0 = 8
+    topk: int = 0  # eagle: children per expanded node and nodes expanded per level; 0 = 10 on CUDA, 4 on CPU
     draft: str = ""  # method=draft: the draft model (Hub id, folder or .gguf), same tokenizer as the target
     warmup: int = 1  # prompts decoded untimed (both paths) before measuring
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -53,8 +55,8 @@ class EvalConfig:
             raise EvalError(f"temperature={self.temperature}: must be >= 0 (0 is greedy). Fix: temperature=0")
         if not 0 < self.top_p <= 1:
             raise EvalError(f"top_p={self.top_p}: must be in (0, 1]")
-        if self.max_new_tokens < 1 or self.max_cache_len < 2 or self.num_draft_tokens < 1:
-            raise EvalError("max_new_tokens, num_draft_tokens must be >= 1 and max_cache_len >= 2")
+        if self.max_new_tokens < 1 or self.max_cache_len < 2 or self.num_draft_tokens < 0:
+            raise EvalError("max_new_tokens must be >= 1, num_draft_tokens >= 0 and max_cache_len >= 2")
         if self.tree not in ("", "default", "chain") or self.tree_nodes < 0 or self.topk < 0:
             raise EvalError(
                 f"tree={self.tree!r} / tree_nodes={self.tree_nodes} / topk={self.topk}: expected tree in '', "

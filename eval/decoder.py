@@ -29,9 +29,11 @@ DEFAULT_TREE_NODES = 63  # Medusa's default budget (mc_sim_7b_63), for GPUs
 # On a CPU a verify forward of 4-8 tokens costs about one step, 16 already ~1.5 steps (SmolLM2-135M, bf16):
 # measured speedup peaked at 3-6 nodes for the CPU-trained heads (tau ~1.4), so CPU runs default to 4.
 CPU_TREE_NODES = 4
-# EAGLE-2's dynamic tree: EAGLE-2 verifies ~60 nodes on GPUs; on this CPU verifying 8 tokens costs about what 1
-# does (16: +25%, 32: +70%), so CPU runs verify 8.
-EAGLE_TREE_NODES, CPU_EAGLE_TREE_NODES, EAGLE_TOPK = 32, 8, 8
+DRAFT_TOKENS = 4  # prompt_lookup / draft: tokens proposed per step
+# EAGLE-2's dynamic tree as (depth, nodes, top-k): EAGLE-2's own defaults on GPUs. On a CPU each drafter level
+# costs ~1/6 of a SmolLM2-135M forward, so deep trees lose: measured on the dev prompts (1 thread, bf16), the
+# EAGLE-3 drafter went from 1.02x at (4, 8, 8) to 1.18x at (2, 6, 4), EAGLE-1 from 0.82x to 1.01x.
+EAGLE_TREE, CPU_EAGLE_TREE = (5, 60, 10), (2, 6, 4)
 
 
 @dataclass
@@ -68,8 +70,9 @@ class Decoder:
     head), "default" (Medusa's mc_sim_7b_63 cut to `tree_nodes` and to the heads' depth) or None (the tree
     built from `head_accuracy` if given, else "default"). draft: `draft_backbone` proposes `num_draft_tokens`.
     prompt_lookup: up to `num_draft_tokens` tokens from n-grams of up to `max_ngram`. eagle/eagle3: `drafter` =
-    EagleDrafter; EAGLE-2's dynamic tree of `tree_nodes` nodes (default 32 on CUDA, 8 on CPU),
-    `num_draft_tokens` levels deep, expanding the `topk` (default 8) most confident nodes per level.
+    EagleDrafter; EAGLE-2's dynamic tree of `tree_nodes` nodes, `num_draft_tokens` levels deep, expanding the
+    `topk` most confident nodes per level (defaults: EAGLE_TREE on CUDA, CPU_EAGLE_TREE on CPU). None = the
+    method's default.
     `typical=True` (medusa,
     temperature > 0) uses Medusa's typical acceptance, which is LOSSY. `cuda_graphs` (default: True on CUDA)
     captures each verify width in a CUDA graph; the first generate() of each width pays the capture.
@@ -83,7 +86,7 @@ class Decoder:
         *,
         draft_backbone=None,
         tree=None,
-        num_draft_tokens: int = 4,
+        num_draft_tokens: int | None = None,
         typical: bool = False,
         max_cache_len: int = 2048,
         device=None,
@@ -131,12 +134,12 @@ class Decoder:
             check_same_tokenizer(self.backbone, draft_backbone)
             draft_backbone.to(self.device)
             return DraftModelProposer(
-                draft_backbone, k, self.backbone.vocab_size, self.device, self.max_cache_len, self.cuda_graphs
+                draft_backbone, k or DRAFT_TOKENS, self.backbone.vocab_size, self.device, self.max_cache_len, self.cuda_graphs
             )
         if self.method == "prompt_lookup":
             from headstart.eval.methods.prompt_lookup import PromptLookupProposer
 
-            return PromptLookupProposer(k, self.device, max_ngram)
+            return PromptLookupProposer(k or DRAFT_TOKENS, self.device, max_ngram)
         if self.method in ("eagle", "eagle3"):  # EAGLE-1 or EAGLE-3 drafter, EAGLE-2 dynamic tree
             from headstart.eval.methods.eagle import EagleProposer
 
@@ -147,10 +150,9 @@ class Decoder:
             drafter.to(self.device)
             # target features are read through hooks, which graph replays skip
             self.runner.cuda_graphs = False
-            if tree_nodes is None:
-                tree_nodes = EAGLE_TREE_NODES if self.device.type == "cuda" else CPU_EAGLE_TREE_NODES
+            depth, nodes, width = EAGLE_TREE if self.device.type == "cuda" else CPU_EAGLE_TREE
             return EagleProposer(
-                drafter, self.backbone, self.device, depth=k, total_tokens=tree_nodes, topk=topk or EAGLE_TOPK
+                drafter, self.backbone, self.device, k or depth, tree_nodes or nodes, topk or width
             )
         raise AssertionError(f"method {self.method!r} is in METHODS but has no proposer")
 

@@ -120,7 +120,7 @@ class Evaluator:
             raise EvalError(
                 f"method={method} but {ckpt} holds a {meta['method']} drafter. Fix: method= (empty)"
             )
-        opts = {"max_cache_len": cfg.max_cache_len, "num_draft_tokens": cfg.num_draft_tokens}
+        opts = {"max_cache_len": cfg.max_cache_len, "num_draft_tokens": cfg.num_draft_tokens or None}
         if method == "medusa":
             opts.update(tree=cfg.tree or None, tree_nodes=cfg.tree_nodes or None)
         if method in ("eagle", "eagle3"):
