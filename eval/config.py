@@ -16,7 +16,7 @@ from headstart.models.backbone import DTYPES
 from headstart.train.config import LoggerConfig
 
 DEFAULT_PROMPTS = str(Path(headstart.data.__file__).parent / "dev_prompts.jsonl")
-SPEC_METHODS = ("medusa", "prompt_lookup", "draft", "eagle")
+SPEC_METHODS = ("medusa", "prompt_lookup", "draft", "eagle", "eagle3")
 
 
 class EvalError(ValueError):

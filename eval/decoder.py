@@ -134,7 +134,12 @@ class Decoder:
             check_same_tokenizer(self.backbone, draft_backbone)
             draft_backbone.to(self.device)
             return DraftModelProposer(
-                draft_backbone, k or DRAFT_TOKENS, self.backbone.vocab_size, self.device, self.max_cache_len, self.cuda_graphs
+                draft_backbone,
+                k or DRAFT_TOKENS,
+                self.backbone.vocab_size,
+                self.device,
+                self.max_cache_len,
+                self.cuda_graphs,
             )
         if self.method == "prompt_lookup":
             from headstart.eval.methods.prompt_lookup import PromptLookupProposer

@@ -35,7 +35,7 @@ from headstart.models.checkpoint import CONFIG_NAME, WEIGHTS_NAME, read_meta
 log = logging.getLogger("headstart.eval")
 # What the CLIs print as one line (exit 2) instead of a traceback: the user can fix these without reading code.
 USER_ERRORS = (EvalError, BackboneError, FileNotFoundError, CacheFullError, TreeError)
-DRAFTER_METHODS = ("medusa", "eagle")  # methods whose decoder needs the checkpoint's drafter
+DRAFTER_METHODS = ("medusa", "eagle", "eagle3")  # methods whose decoder needs the checkpoint's drafter
 
 
 def resolve_device(name: str) -> torch.device:

@@ -71,6 +71,8 @@ def compare(runs: list[str], prompt_file: str, per_category: int, tokens: int, o
         for ckpt in find_checkpoints(run):
             meta = read_meta(ckpt)
             sim = (meta.get("eval") or {}).get("eval/sim_tau")
+            if any(r["run"] == run and r["step"] == step_of(ckpt, meta) for r in rows):
+                continue  # the run's final drafter/ is its last checkpoint again
             if sim is None:
                 print(f"skip {ckpt}: no eval/sim_tau in its metadata")
                 continue
@@ -86,6 +88,7 @@ def compare(runs: list[str], prompt_file: str, per_category: int, tokens: int, o
             )
             tree = build_decoder(meta["method"], target, str(ckpt))
             row = {
+                "run": run,
                 "checkpoint": str(ckpt),
                 "method": meta["method"],
                 "step": step_of(ckpt, meta),

@@ -122,6 +122,21 @@ def test_sampling_reports_no_greedy_match(ckpt, prompt_file, tmp_path):
     assert report["greedy_matches_vanilla"] is None and report["temperature"] == 0.7
 
 
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_eagle_checkpoints_are_scored(prompt_file, tmp_path, method):
+    """Both EAGLE kinds go through the eval stage from their checkpoint (their drafter is loaded)."""
+    from headstart.eval.run import run
+    from headstart.models.eagle_config import Eagle3Config, EagleConfig
+
+    backbone = load_backbone(VARIED)
+    ecfg = EagleConfig() if method == "eagle" else Eagle3Config(draft_vocab_size=64, ttt_steps=2)
+    ckpt = save_drafter(
+        tmp_path / "drafter", build_drafter(method, ecfg, backbone), method, ecfg, VARIED, backbone
+    )
+    report = run(_cfg(ckpt, prompt_file, tmp_path / "out", limit_per_category=1, warmup=0))
+    assert report["method"] == method and report["greedy_matches_vanilla"] == 1.0 and report["tau"] >= 1.0
+
+
 def test_run_folder_scores_every_checkpoint_and_marks_best(prompt_file, tmp_path):
     from headstart.eval.run import run
 
