@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
@@ -174,14 +175,31 @@ class EagleDrafter(nn.Module):
     def unroll(self, g, tokens, valid, steps: int, next_tokens) -> list[torch.Tensor]:
         """Training-time test over rows t: g (B, T, H) step-0 features, tokens (B, T), valid (B, T) bool;
         step s runs at positions t + s with step s-1's hidden as its feature and `next_tokens(s, h)` as its
-        tokens. -> [h_0, ..., h_{steps-1}], each (B, T, H)."""
-        cache, pos = self.new_cache(), torch.arange(g.shape[1], device=g.device)[None]
+        tokens. -> [h_0, ..., h_{steps-1}], each (B, T, H).
+
+        While training, each step's activations are recomputed in backward (`cfg.recompute`): only its
+        inputs and the keys/values it appends stay alive, so memory does not grow with the steps' attention
+        and MLP activations (~200 MB per step at batch 4 x 512 on SmolLM2)."""
+        pos = torch.arange(g.shape[1], device=g.device)[None]
+        past: tuple[torch.Tensor, ...] = ()  # (keys, values) of the earlier steps, (B, kvh, s T, d)
         hs = []
+        recompute = self.training and torch.is_grad_enabled() and getattr(self.cfg, "recompute", False)
         for s in range(steps):
             if s:
                 g, tokens = hs[-1], next_tokens(s, hs[-1])
-            hs.append(self.body(g, tokens, pos + s, cache=cache, ttt_valid=valid))
+            args = (g, tokens, pos + s, valid, *past)
+            h, *past = checkpoint(self._step, *args, use_reentrant=False) if recompute else self._step(*args)
+            hs.append(h)
         return hs
+
+    def _step(self, feat, tokens, positions, valid, *past):
+        """One training-time-test step as a pure function of its inputs (checkpointable): -> (h, keys,
+        values), the keys/values including this step's rows."""
+        cache = self.new_cache()
+        if past:
+            cache.update(past[0], past[1], 0)
+        h = self.body(feat, tokens, positions, cache=cache, ttt_valid=valid)
+        return h, cache.layers[0].keys, cache.layers[0].values
 
     def forward(self, feats: list[torch.Tensor], target: torch.Tensor, batch: dict):
         """feats: the target layers `fuse` reads ((B, T, H) each), target (B, T, H) the final normed feature.

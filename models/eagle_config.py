@@ -56,6 +56,9 @@ class Eagle3Config:
     loss_chunk: int = 1024
     hidden_cache: str = "online"  # online | offline (see EagleConfig)
     hidden_cache_dtype: str = "bfloat16"
+    # recompute each TTT step's layer activations in backward: activation memory stops growing with
+    # ttt_steps, for one more draft-layer forward per step (the layer is small next to the vocabulary loss)
+    recompute: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.ttt_steps <= 16 or not 0 < self.decay <= 1:

@@ -53,7 +53,8 @@ def eagle_attention(module, query, key, value, attention_mask, scaling=None, dro
     scores = (query @ keys[0].transpose(-1, -2)) * scale  # (B, h, T, T)
     scores = scores.masked_fill(~ttt_mask(valid, 0), float("-inf"))
     own = [(query * k).sum(-1, keepdim=True) * scale for k in keys[1:]]  # s x (B, h, T, 1)
-    probs = torch.softmax(torch.cat([scores, *own], -1).float(), -1).to(query.dtype)  # (B, h, T, T + s)
+    # softmax accumulates in fp32 inside the kernel; its output in the compute dtype, like flash attention's P
+    probs = torch.softmax(torch.cat([scores, *own], -1), -1)  # (B, h, T, T + s)
     out = probs[..., :t] @ values[0]
     for j, v in enumerate(values[1:]):
         out = out + probs[..., t + j, None] * v

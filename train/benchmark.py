@@ -74,11 +74,17 @@ def naive_eagle_loss(eagle, lm_head_weight, draft_ids):
         p = torch.softmax(logits[:, draft_ids], -1)  # (N, Dv)
         return p, p.argmax(-1)
 
-    def soft_ce(x, weight, probs, top, chunk=None):
-        log_q = torch.log_softmax((x @ weight.T).float(), -1)  # (N, Dv)
-        hist = torch.zeros(10, dtype=torch.long)
-        hist[0] = (log_q.argmax(-1) == top).sum()
-        return -(probs * log_q).sum(), hist
+    def soft_ce(
+        x, weight, probs, top, chunk=None, index=None, segment=None, segments=1, row_weight=None, **_
+    ):
+        p = probs[index] if index is not None else probs  # (N, Dv) fp32
+        log_q = torch.log_softmax((x @ weight.T).float(), -1)  # (N, Dv), every step's rows
+        rows = -(p * log_q).sum(-1)  # (N,)
+        seg = segment if segment is not None else torch.zeros_like(top)
+        hist = torch.zeros(segments, 10, dtype=torch.long)
+        hist[:, 0].index_add_(0, seg, (log_q.argmax(-1) == top).long())
+        weighted = (rows * row_weight).sum() if row_weight is not None else rows.sum()
+        return weighted, torch.zeros(segments).index_add_(0, seg, rows.detach()), hist
 
     eagle.teacher_targets, eagle.linear_soft_cross_entropy = teacher, soft_ce
 

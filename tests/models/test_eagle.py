@@ -77,7 +77,8 @@ def test_ttt_attention_equals_sdpa_under_the_extended_mask(backbone):
 
     batch = _batch()
     torch.manual_seed(0)
-    d = build_drafter("eagle3", Eagle3Config(ttt_steps=3, draft_vocab_size=64), backbone).train()
+    cfg = Eagle3Config(ttt_steps=3, draft_vocab_size=64, recompute=False)  # the reference body is swapped
+    d = build_drafter("eagle3", cfg, backbone).train()  # out before backward: no recomputation here
     final, aux = backbone(batch["input_ids"], batch["attention_mask"], layers=d.aux_layers)
     d.cfg.noise = 0.0
 
@@ -186,3 +187,21 @@ def test_vocab_map_from_data_lives_in_the_checkpoint(backbone, tmp_path, monkeyp
     small = build_drafter("eagle3", Eagle3Config(draft_vocab_size=8), backbone)
     with pytest.raises(ValueError, match="covers 50.0% of the labelled"):
         small.init_from_data(data(10, 26))
+
+
+def test_recomputed_ttt_steps_give_the_same_loss_and_gradients(backbone):
+    batch = _batch()
+    results = []
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        cfg = Eagle3Config(ttt_steps=3, draft_vocab_size=64, recompute=recompute)
+        d = build_drafter("eagle3", cfg, backbone).train()
+        final, aux = backbone(batch["input_ids"], batch["attention_mask"], layers=d.aux_layers)
+        loss, _, _ = d(aux, final, batch)
+        loss.backward()
+        results.append((loss.detach(), [p.grad for p in d.parameters() if p.grad is not None]))
+    (a, ga), (b, gb) = results
+    torch.testing.assert_close(a, b)
+    assert len(ga) == len(gb) > 0
+    for x, y in zip(ga, gb):
+        torch.testing.assert_close(x, y)

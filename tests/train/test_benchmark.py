@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 from conftest import tiny_backbone
 
@@ -46,3 +47,34 @@ def test_cli_runs_the_distill_variants_on_tiny(tmp_path):
     assert [r["variant"] for r in rows] == ["distill", "distill_naive"]
     assert all(r["tokens_per_s"] > 0 and r["peak_rss_mb"] > 0 for r in rows)
     assert "distill_naive" in res.stdout.splitlines()[-1]  # the summary table
+
+
+@pytest.mark.parametrize("variant", ["eagle3", "eagle"])
+def test_fused_and_naive_eagle_losses_agree(variant, monkeypatch):
+    """Ours (teacher table once, every TTT step through one fused soft-CE call) and the EAGLE repo's full fp32
+    logits are the same loss: value and gradient."""
+    from headstart.models import eagle
+    from headstart.train.benchmark import naive_eagle_loss
+
+    for name in ("teacher_targets", "linear_soft_cross_entropy"):  # restored after the test
+        monkeypatch.setattr(eagle, name, getattr(eagle, name))
+    backbone = tiny_backbone(initializer_range=0.2)
+    args = argparse.Namespace(variant=variant, ttt_steps=3, draft_vocab=64, dtype="float32")
+    torch.manual_seed(0)
+    drafter = build(args, backbone)
+    ids = torch.randint(0, backbone.vocab_size, (2, 24))
+    labels = ids.clone()
+    labels[:, :6] = -100
+    losses, grads = [], []
+    for naive in (False, True):
+        if naive:
+            naive_eagle_loss(eagle, backbone.lm_head.weight, drafter.draft_ids())
+        drafter.zero_grad(set_to_none=True)
+        torch.manual_seed(1)  # EAGLE-1's feature noise: the same draw both times
+        loss = step_loss(args, backbone, drafter, ids, labels)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append(drafter.fc.weight.grad.clone())
+    assert losses[0] > 0
+    torch.testing.assert_close(losses[0], losses[1])
+    torch.testing.assert_close(grads[0], grads[1])
