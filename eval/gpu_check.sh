@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU smoke check for a lent CUDA machine, under 10 minutes in all:
 #   1. install the project (torch is expected to be there already; installed if not),
-#   2. the GPU-marked and lossless decoder tests on CUDA (`pytest -m "gpu or not slow" tests/eval`),
+#   2. the GPU-marked tests (decoders incl. EAGLE, an EAGLE training step) and the CPU decoder/model tests,
 #   3. eval/benchmark.py on CUDA in bf16: the tiny backbone, then SmolLM2-135M when its package is installed,
 #      plus eval/run.py on SmolLM2 (random Medusa heads: this checks the plumbing, not the heads).
 # Usage (from anywhere):  bash eval/gpu_check.sh      Logs go to $OUT if set, else ./gpu_check_logs.
@@ -37,7 +37,7 @@ install() {
 export -f install
 step install 240 bash -c install
 
-step tests 240 python -m pytest -m "gpu or not slow" tests/eval -q -p no:cacheprovider --timeout 200
+step tests 300 python -m pytest -m "gpu or not slow" tests/eval tests/models -q -p no:cacheprovider --timeout 200
 
 make_ckpt() {  # make_ckpt BACKBONE_PATH NAME OUT_DIR: random 3-head Medusa drafter for that backbone
   python - "$@" <<'EOF'

@@ -21,8 +21,14 @@ def cuda_tiny(seed: int, init: float, dtype: str = "float32"):
 
 
 def method_decoders(backbone, graphs: bool):
+    from headstart.models.eagle_config import Eagle3Config, EagleConfig
+
     heads = build_drafter("medusa", MedusaConfig(num_heads=3), backbone)
+    eagle1 = build_drafter("eagle", EagleConfig(), backbone).eval()
+    eagle3 = build_drafter("eagle3", Eagle3Config(draft_vocab_size=128), backbone).eval()
     return {
+        "eagle": Decoder(backbone, "eagle", eagle1, cuda_graphs=graphs),  # EAGLE-2's GPU tree (5, 60, 10)
+        "eagle3": Decoder(backbone, "eagle3", eagle3, tree_nodes=16, num_draft_tokens=3, cuda_graphs=graphs),
         "medusa": Decoder(backbone, "medusa", heads, tree_nodes=24, cuda_graphs=graphs),
         "medusa-chain": Decoder(backbone, "medusa", heads, tree="chain", cuda_graphs=graphs),
         "draft-other": Decoder(backbone, "draft", draft_backbone=cuda_tiny(7, 0.02), cuda_graphs=graphs),
@@ -92,3 +98,25 @@ def test_sampling_lossless_on_cuda_with_graphs():
     if expected[~big].sum() > 0:
         obs, exp = torch.cat([obs, row[~big].sum()[None]]), torch.cat([exp, expected[~big].sum()[None]])
     assert chisquare(obs.numpy(), (exp * obs.sum() / exp.sum()).numpy()).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_eagle_training_step_on_cuda_matches_cpu(method):
+    """The fused soft cross-entropy, the teacher table and the unrolled TTT attention on CUDA: the same loss
+    and gradients as on CPU (fp32)."""
+    from headstart.models.eagle_config import Eagle3Config, EagleConfig
+
+    cfg = EagleConfig(noise=0.0) if method == "eagle" else Eagle3Config(draft_vocab_size=128, ttt_steps=3)
+    results = []
+    for device in ("cpu", "cuda"):
+        backbone = load_backbone(BackboneConfig(name="tiny", path="tiny", dtype="float32"), device=device)
+        torch.manual_seed(0)
+        d = build_drafter(method, cfg, backbone).train()
+        ids = torch.arange(3, 3 + 2 * 40).view(2, 40).to(device) % 250 + 3
+        batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+        final, aux = backbone(ids, batch["attention_mask"], layers=d.aux_layers)
+        loss, _, _ = d(aux if d.v3 else [final], final, batch)
+        loss.backward()
+        results.append((loss.detach().cpu(), d.fc.weight.grad.cpu()))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-3, atol=1e-5)
