@@ -85,12 +85,30 @@ def resolve_aux_layers(cfg: Eagle3Config, num_layers: int) -> tuple[int, ...]:
     return tuple(cfg.aux_layers)
 
 
+def rope_of(config) -> dict:
+    """The backbone's RoPE settings as transformers 5 `rope_parameters`; from the older `rope_theta` +
+    `rope_scaling` attributes when a config has no rope_parameters. A config with neither is an error: a draft
+    layer with default RoPE on a backbone trained with another would mis-rotate every position."""
+    rope = getattr(config, "rope_parameters", None)
+    if rope:
+        return dict(rope)
+    theta = getattr(config, "rope_theta", None)
+    if theta is None:
+        raise ValueError(
+            f"the backbone config ({type(config).__name__}) has neither rope_parameters nor rope_theta: the "
+            "EAGLE draft layer cannot match its rotary embedding. Fix: a config with its RoPE settings"
+        )
+    scaling = dict(getattr(config, "rope_scaling", None) or {})
+    scaling["rope_type"] = scaling.pop("type", scaling.get("rope_type", "default"))
+    return {**scaling, "rope_theta": theta}
+
+
 def draft_layer_config(backbone_config, vocab_size: int) -> LlamaConfig:
     """A one-layer LlamaConfig with the backbone's attention/MLP shape (EAGLE drafts with a Llama layer). Its
     attention is `eagle_attention` (models/eagle_ttt.py): SDPA, plus the training-time-test unroll."""
     c = backbone_config
     heads = c.num_attention_heads
-    rope = getattr(c, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0}
+    rope = rope_of(c)
     return LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=c.hidden_size,

@@ -112,6 +112,15 @@ def read_layout(folder: Path, backbone) -> EagleDrafter:
         cfg = Eagle3Config(aux_layers=aux, draft_vocab_size=config["draft_vocab_size"])
     d = EagleDrafter(cfg, backbone.config, backbone.vocab_size)
     d.attach(backbone.embed_tokens, backbone.lm_head)
+    written = config.get("transformer_layer_config", config)
+    ours = _llama_config(d)
+    for key in ("rope_theta", "rope_scaling", "hidden_size", "head_dim"):
+        if key in written and written[key] != ours[key]:
+            raise ValueError(
+                f"{folder}/config.json has {key}={written[key]!r} but the backbone gives {ours[key]!r}: this "
+                "drafter was exported for another backbone (or RoPE configuration). Fix: load it onto the "
+                "backbone it was trained on"
+            )
     prefix = PREFIX[layout]
     state = {("layer." + k[len(prefix) :] if k.startswith(prefix) else k): v for k, v in tensors.items()}
     d.load_state_dict(state, strict=True)

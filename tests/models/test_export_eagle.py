@@ -7,11 +7,12 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
+from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import build_drafter
 from headstart.models.eagle_config import Eagle3Config, EagleConfig
-from headstart.models.export_eagle import read_layout, write_layout
+from headstart.models.export_eagle import read_layout, to_layout, write_layout
 
 LAYER = [
     "self_attn.q_proj.weight",
@@ -105,3 +106,42 @@ def test_aux_layer_zero_cannot_go_to_sglang(backbone, tmp_path):
     write_layout(d, "speculators", tmp_path, "x", [])  # vLLM can capture the input of layer 0
     with pytest.raises(ValueError, match="cannot be written"):
         write_layout(d, "eagle", tmp_path, "x", [])
+
+
+def test_rope_scaling_is_carried_into_the_draft_layer_and_export(tmp_path):
+    """A llama3-scaled RoPE backbone: the draft layer rotates exactly like the backbone, the export says so,
+    and an export whose RoPE disagrees with the backbone it is loaded onto is refused, naming the key."""
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 256,
+    }
+    bb = load_backbone(
+        BackboneConfig(name="tiny", path="tiny", dtype="float32", tiny={"seed": 0, "rope_parameters": rope})
+    )
+    d = build_drafter("eagle3", Eagle3Config(draft_vocab_size=64), bb)
+    torch.testing.assert_close(d.rotary.inv_freq, bb.model.model.rotary_emb.inv_freq, rtol=0, atol=0)
+    config, tensors = to_layout(d, "eagle3", "tiny", ["LlamaForCausalLM"])
+    assert config["rope_theta"] == 500000.0 and config["rope_scaling"]["rope_type"] == "llama3"
+    folder = tmp_path / "eagle3"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, folder / "model.safetensors")
+    torch.testing.assert_close(read_layout(folder, bb).rotary.inv_freq, d.rotary.inv_freq)
+    plain = load_backbone(BackboneConfig(name="tiny", path="tiny", dtype="float32", tiny={"seed": 0}))
+    with pytest.raises(ValueError, match="rope_theta=500000.0 but the backbone gives"):
+        read_layout(folder, plain)
+
+
+def test_legacy_rope_attributes_are_read_and_missing_ones_refused():
+    from types import SimpleNamespace
+
+    from headstart.models.eagle_config import rope_of
+
+    legacy = SimpleNamespace(rope_theta=1e6, rope_scaling={"type": "linear", "factor": 2.0})
+    assert rope_of(legacy) == {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}
+    with pytest.raises(ValueError, match="neither rope_parameters nor rope_theta"):
+        rope_of(SimpleNamespace())
