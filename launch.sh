@@ -3,9 +3,12 @@
 #
 #   ./launch.sh main   [overrides]   Medusa heads on SmolLM2-135M + ShareGPT (self-distilled, CPU-sized), then eval
 #   ./launch.sh medusa [overrides]   accelerate launch train/medusa.py [Hydra overrides]
+#   ./launch.sh eagle  [overrides]   accelerate launch train/eagle.py (EAGLE-1; `method=eagle3` for EAGLE-3)
+#   ./launch.sh distill [overrides]  accelerate launch train/distill.py (DistillSpec)
 #   ./launch.sh eval   [overrides]   python eval/run.py checkpoint=DIR [prompts=FILE out_dir=DIR ...]
 #   ./launch.sh export [args]        python train/export.py --checkpoint DIR [--layout all] [--push REPO_ID]
 #   ./launch.sh bench-train [args]   training throughput / memory benchmark (train/benchmark.py)
+#   ./launch.sh bench-decode [args]  decoding speed vs HF generate (eval/benchmark.py)
 #   ./launch.sh test   [pytest args] the test suite (add `-m slow` for the real-model tests)
 #   ./launch.sh setup                only build the environment
 #
@@ -45,7 +48,7 @@ accelerate_launch() {
 verb=${1:---help}
 [[ $# -gt 0 ]] && shift
 case $verb in
-  -h|--help|help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help|help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 esac
 setup
 case $verb in
