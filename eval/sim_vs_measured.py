@@ -20,19 +20,11 @@ from pathlib import Path
 import numpy as np
 
 from headstart.eval.config import DEFAULT_PROMPTS
-from headstart.eval.decoder import build_decoder
 from headstart.eval.prompts import chat_ids, load_prompts
 from headstart.eval.run import find_checkpoints, step_of
+from headstart.eval.score import quick_eval
 from headstart.models.backbone import BackboneConfig, load_backbone
-from headstart.models.checkpoint import read_meta
-
-
-def measured_tau(decoder, prompts: list[list[int]], tokens: int) -> float:
-    emitted = forwards = 0
-    for ids in prompts:
-        out = decoder.generate(ids, tokens)
-        emitted, forwards = emitted + sum(out.stats.accepted_per_step), forwards + out.stats.target_forwards
-    return emitted / max(forwards, 1)
+from headstart.models.checkpoint import load_drafter, read_meta
 
 
 def pearson(a: np.ndarray, b: np.ndarray) -> float | None:
@@ -77,24 +69,25 @@ def compare(runs: list[str], prompt_file: str, per_category: int, tokens: int, o
                 print(f"skip {ckpt}: no eval/sim_tau in its metadata")
                 continue
             key = json.dumps(meta["backbone"], sort_keys=True)
-            if key not in backbones:
-                backbones[key] = load_backbone(BackboneConfig(**meta["backbone"]))
-            target = backbones[key]
-            texts = load_prompts(prompt_file, per_category).prompts
-            prompts = [chat_ids(target.tokenizer, [{"role": "user", "content": r.turns[0]}]) for r in texts]
+            if key not in backbones:  # the backbone and its tokenized prompts, once per distinct backbone
+                target = load_backbone(BackboneConfig(**meta["backbone"]))
+                msgs = [
+                    [{"role": "user", "content": r.turns[0]}]
+                    for r in load_prompts(prompt_file, per_category).prompts
+                ]
+                backbones[key] = target, [chat_ids(target.tokenizer, m) for m in msgs]
+            target, prompts = backbones[key]
+            drafter = load_drafter(ckpt, target)[0].to_serving_dtype(target.dtype)
             depth = meta["method_config"].get("sim_steps", 4)
-            chain = build_decoder(
-                meta["method"], target, str(ckpt), num_draft_tokens=depth, tree_nodes=depth, topk=1
-            )
-            tree = build_decoder(meta["method"], target, str(ckpt))
+            chain = {"num_draft_tokens": depth, "tree_nodes": depth, "topk": 1}
             row = {
                 "run": run,
                 "checkpoint": str(ckpt),
                 "method": meta["method"],
                 "step": step_of(ckpt, meta),
                 "sim": sim,
-                "chain": measured_tau(chain, prompts, tokens),
-                "tree": measured_tau(tree, prompts, tokens),
+                "chain": quick_eval(target, drafter, meta["method"], prompts, tokens, **chain)["tau"],
+                "tree": quick_eval(target, drafter, meta["method"], prompts, tokens)["tau"],
                 "prompts": len(prompts),
             }
             print(json.dumps(row), flush=True)

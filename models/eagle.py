@@ -283,8 +283,6 @@ class EagleDrafter(nn.Module):
 
 def _argmax(x: torch.Tensor, weight: torch.Tensor, chunk: int) -> torch.Tensor:
     """argmax over (x @ weight.T) without the (..., V) logits at once: (..., H) -> (...) long."""
-    flat = x.reshape(-1, x.shape[-1])
-    out = torch.cat(
-        [(flat[s : s + chunk] @ weight.to(x.dtype).T).argmax(-1) for s in range(0, len(flat), chunk)]
-    )
+    flat, w = x.reshape(-1, x.shape[-1]), weight.to(x.dtype)  # cast the projection once, not per chunk
+    out = torch.cat([(flat[s : s + chunk] @ w.T).argmax(-1) for s in range(0, len(flat), chunk)])
     return out.view(x.shape[:-1])

@@ -18,6 +18,16 @@ def backbone() -> Backbone:
     return tiny_backbone()
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a test module (`pytestmark = pytest.mark.usefixtures("one_thread")`): on a shared
+    2-core box, OpenMP's second thread mostly waits for a busy core and tiny matmuls crawl."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(autouse=True)
 def _seed_and_threads():
     torch.manual_seed(0)

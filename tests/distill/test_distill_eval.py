@@ -19,17 +19,11 @@ from headstart.models.checkpoint import build_drafter, save_drafter
 from headstart.models.distill import DistillConfig
 from headstart.models.export_draft import write_hf_draft
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 REPO = Path(__file__).resolve().parents[2]
 TINY = {"seed": 0, "initializer_range": 0.2}
 BB_CFG = BackboneConfig(name="tiny", path="tiny", dtype="float32", tiny=TINY)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def test_backbone_freeze_false_leaves_the_model_as_it_is():

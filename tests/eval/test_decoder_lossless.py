@@ -14,6 +14,8 @@ from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import build_drafter, save_drafter
 from headstart.models.medusa import MedusaConfig
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 TEXTS = [
     "the cat sat on the mat. the cat sat on the",
     "def f(x):\n    return x + 1\n\ndef g(x):\n    return",
@@ -25,14 +27,6 @@ TEXTS = [
     "The quick brown fox jumps over the lazy dog. The quick brown",
 ]
 MAX_NEW = 40
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():  # tiny models: OpenMP sync costs more than it saves, and 2 shared cores are noisy
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def tiny(seed: int, init: float = 0.02):

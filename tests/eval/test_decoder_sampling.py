@@ -12,16 +12,10 @@ from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import build_drafter
 from headstart.models.medusa import MedusaConfig
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 N_SAMPLES = 1200
 TEMPERATURE, TOP_P = 0.2, 0.95
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def tiny(seed: int, init: float):

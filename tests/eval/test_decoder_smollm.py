@@ -4,23 +4,14 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from headstart.eval.decoder import Decoder
 from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import build_drafter
 from headstart.models.medusa import MedusaConfig
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 PROMPTS = Path("/work/shared/data/dev_prompts.jsonl")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():  # on 2 shared cores, OpenMP's second thread mostly waits for a busy core
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from headstart.eval.config import EvalConfig, EvalError
 from headstart.eval.score import quick_eval
@@ -18,18 +17,11 @@ from headstart.models.backbone import BackboneConfig, BackboneError, load_backbo
 from headstart.models.checkpoint import build_drafter, save_drafter
 from headstart.models.medusa import MedusaConfig
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 REPO = Path(__file__).resolve().parents[2]
 # larger init than the default tiny model, so answers vary and drafts are sometimes rejected
 VARIED = BackboneConfig(name="tiny", path="tiny", dtype="float32", tiny={"seed": 3, "initializer_range": 0.2})
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: on a shared 2-core box, 2 OpenMP threads make each tiny matmul ~1000x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def cli(args: list[str], tmp: Path) -> subprocess.CompletedProcess:

@@ -10,13 +10,7 @@ import torch
 from headstart.eval.benchmark import ForwardCounter, main
 from headstart.eval.config import EvalError
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # a shared 2-core box: 2 OpenMP threads make tiny matmuls crawl
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_benchmark_rows_on_tiny(tmp_path):
