@@ -119,7 +119,7 @@ def ours_runner(decoder, max_new_tokens: int, eos: list[int]):
 
 
 def build_methods(args, backbone: Backbone, draft: Backbone | None, cache_len: int) -> dict:
-    from headstart.eval.decoder import build_decoder
+    from headstart.eval.engine.decoder import build_decoder
 
     eos, n, k = eos_token_ids(backbone), args.max_new_tokens, args.num_draft_tokens
     methods = {

@@ -32,7 +32,7 @@ install() {
   python -c "import torch" 2>/dev/null || pip install torch || return 1
   # the machine may be offline: fall back to the already-installed dependencies
   pip install -e ".[dev]" || pip install --no-deps --no-build-isolation -e . || return 1
-  python -c "import torch, transformers, hydra, headstart.eval.decoder; assert torch.cuda.is_available(), 'no CUDA'"
+  python -c "import torch, transformers, hydra, headstart.eval.engine.decoder; assert torch.cuda.is_available(), 'no CUDA'"
 }
 export -f install
 step install 240 bash -c install

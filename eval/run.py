@@ -24,11 +24,11 @@ from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from headstart.eval.config import EvalConfig, EvalError, register_configs, to_eval_config
-from headstart.eval.kv_cache import CacheFullError
+from headstart.eval.engine.kv_cache import CacheFullError
 from headstart.eval.prompts import PromptSet, chat_ids, load_prompts
 from headstart.eval.report import log_wandb, write_report, write_runs_summary
 from headstart.eval.score import GenOpts, aggregate, check_fits, score_prompts
-from headstart.eval.tree import TreeError
+from headstart.eval.engine.tree import TreeError
 from headstart.models.backbone import Backbone, BackboneConfig, BackboneError, load_backbone
 from headstart.models.checkpoint import CONFIG_NAME, WEIGHTS_NAME, read_meta
 
@@ -111,7 +111,7 @@ class Evaluator:
             check_fits(len(ids), self.opts, f"prompt {p.question_id!r}")
 
     def decoders(self, ckpt: Path, meta: dict, backbone: Backbone, bcfg: BackboneConfig):
-        from headstart.eval.decoder import build_decoder
+        from headstart.eval.engine.decoder import build_decoder
 
         cfg = self.cfg
         # a DistillSpec checkpoint holds a draft LM: the decoder's `draft` method, with that LM as the draft

@@ -224,7 +224,7 @@ def quick_eval(
 
     Returns tau, accept_by_position (share of steps accepting draft position i), acceptance_rate_by_position,
     new_tokens, target_forwards, tokens_per_s. The drafter's train/eval mode is restored afterwards."""
-    from headstart.eval.decoder import Decoder
+    from headstart.eval.engine.decoder import Decoder
 
     if not prompts:
         raise EvalError("quick_eval needs at least one prompt")

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from headstart.eval.config import DEFAULT_PROMPTS
-from headstart.eval.decoder import Decoder
+from headstart.eval.engine.decoder import Decoder
 from headstart.eval.prompts import chat_ids, load_prompts
 from headstart.models.backbone import Backbone, BackboneConfig, load_backbone
 from headstart.models.checkpoint import build_drafter, load_drafter, read_meta

@@ -7,9 +7,9 @@
 model.safetensors). Writes OUT/medusa (FasterDecoding/Medusa layout) and OUT/vllm (vLLM's Medusa layout), each
 with a model card naming the base model, the data, the training config and, when an eval report exists, the
 measured acceptance and speedup. A DistillSpec checkpoint is written as one standard HF causal-LM folder in OUT
-(models/export_draft.py; `--layout` does not apply), pushed to REPO_ID as is.
+(models/export/draft.py; `--layout` does not apply), pushed to REPO_ID as is.
 EAGLE checkpoints go to OUT/eagle (EAGLE-1) or OUT/eagle3 (EAGLE-3/SGLang) + OUT/speculators (vLLM), whatever
-`--layout` says (models/export_eagle.py).
+`--layout` says (models/export/eagle.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from headstart.models.backbone import BackboneConfig, BackboneError, load_backbone
 from headstart.models.checkpoint import load_drafter, read_meta
-from headstart.models.export import LAYOUTS, measured_lines, write_layout
+from headstart.models.export.medusa import LAYOUTS, measured_lines, write_layout
 
 
 def resolve_checkpoint(path: Path) -> Path:
@@ -83,14 +83,14 @@ def export(
     drafter_dir = resolve_checkpoint(checkpoint)
     meta = read_meta(drafter_dir)
     if meta["method"] == "distillspec":  # one standard HF causal-LM folder, whatever `layouts` says
-        from headstart.models.export_draft import export_distill
+        from headstart.models.export.draft import export_distill
 
         folder = export_distill(drafter_dir, meta, out, find_report(drafter_dir))
         if push:
             push_folder(folder, push, private)
         return [folder]
-    if meta["method"] in ("eagle", "eagle3"):  # every layout of its method (models/export_eagle.py)
-        from headstart.models.export_eagle import export_checkpoint
+    if meta["method"] in ("eagle", "eagle3"):  # every layout of its method (models/export/eagle.py)
+        from headstart.models.export.eagle import export_checkpoint
 
         folders = export_checkpoint(drafter_dir, meta, out)
         for folder in folders if push else []:

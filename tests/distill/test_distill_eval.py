@@ -17,7 +17,7 @@ from headstart.eval.score import quick_eval
 from headstart.models.backbone import Backbone, BackboneConfig
 from headstart.models.checkpoint import build_drafter, save_drafter
 from headstart.models.distill import DistillConfig
-from headstart.models.export_draft import write_hf_draft
+from headstart.models.export.draft import write_hf_draft
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -11,7 +11,7 @@ import torch
 from conftest import tiny_backbone
 from transformers import AutoModelForCausalLM
 
-from headstart.eval.decoder import Decoder
+from headstart.eval.engine.decoder import Decoder
 from headstart.models.backbone import Backbone, BackboneConfig
 from headstart.models.checkpoint import build_drafter, save_drafter
 from headstart.models.distill import DistillConfig

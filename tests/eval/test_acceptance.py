@@ -4,7 +4,7 @@ checks that the sampling rules reproduce the target distribution exactly."""
 import torch
 from scipy.stats import chisquare
 
-from headstart.eval.acceptance import (
+from headstart.eval.engine.acceptance import (
     greedy_tree,
     residual,
     sample_chain,

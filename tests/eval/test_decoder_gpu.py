@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from headstart.eval.decoder import Decoder
+from headstart.eval.engine.decoder import Decoder
 from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import build_drafter
 from headstart.models.medusa import MedusaConfig
@@ -73,7 +73,7 @@ def test_cuda_graphs_match_eager_logits_bf16():
 def test_sampling_lossless_on_cuda_with_graphs():
     from scipy.stats import chisquare
 
-    from headstart.eval.acceptance import target_probs
+    from headstart.eval.engine.acceptance import target_probs
 
     backbone = cuda_tiny(0, 0.1)
     prompt = backbone.tokenizer("the cat")["input_ids"]

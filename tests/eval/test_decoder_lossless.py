@@ -6,10 +6,10 @@ import random
 import pytest
 import torch
 
-from headstart.eval.decoder import Decoder, build_decoder
-from headstart.eval.kv_cache import CacheFullError
-from headstart.eval.methods.base import Draft
-from headstart.eval.tree import Tree, TreeError, tree_from_paths
+from headstart.eval.engine.decoder import Decoder, build_decoder
+from headstart.eval.engine.kv_cache import CacheFullError
+from headstart.eval.engine.proposers.base import Draft
+from headstart.eval.engine.tree import Tree, TreeError, tree_from_paths
 from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import build_drafter, save_drafter
 from headstart.models.medusa import MedusaConfig

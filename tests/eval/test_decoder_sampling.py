@@ -6,8 +6,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from headstart.eval.acceptance import target_probs
-from headstart.eval.decoder import Decoder
+from headstart.eval.engine.acceptance import target_probs
+from headstart.eval.engine.decoder import Decoder
 from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import build_drafter
 from headstart.models.medusa import MedusaConfig

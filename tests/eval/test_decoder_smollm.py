@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from headstart.eval.decoder import Decoder
+from headstart.eval.engine.decoder import Decoder
 from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import build_drafter
 from headstart.models.medusa import MedusaConfig

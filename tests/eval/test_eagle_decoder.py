@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headstart.eval.decoder import Decoder
+from headstart.eval.engine.decoder import Decoder
 from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import build_drafter
 from headstart.models.eagle_config import Eagle3Config, EagleConfig
@@ -78,7 +78,7 @@ def test_trained_drafter_is_accepted_and_lossless(sharp, method):
 def test_served_in_the_target_dtype_with_fp32_rope(tmp_path):
     """A checkpoint loaded for decoding runs in the target's dtype (no per-node fp32 copy of a bf16 lm_head),
     except RoPE's inverse frequencies, which stay exactly what training used."""
-    from headstart.eval.decoder import build_decoder
+    from headstart.eval.engine.decoder import build_decoder
     from headstart.models.checkpoint import save_drafter
 
     cfg = BackboneConfig(name="tiny", path="tiny", dtype="bfloat16")

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from headstart.eval.kv_cache import CacheFullError, KVCache
-from headstart.eval.runner import ModelRunner
-from headstart.eval.tree import (
+from headstart.eval.engine.kv_cache import CacheFullError, KVCache
+from headstart.eval.engine.runner import ModelRunner
+from headstart.eval.engine.tree import (
     MC_SIM_7B_63,
     TreeError,
     chain_tree,

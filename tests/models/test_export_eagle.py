@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import build_drafter
 from headstart.models.eagle_config import Eagle3Config, EagleConfig
-from headstart.models.export_eagle import read_layout, to_layout, write_layout
+from headstart.models.export.eagle import read_layout, to_layout, write_layout
 
 LAYER = [
     "self_attn.q_proj.weight",

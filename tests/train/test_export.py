@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from headstart.models.backbone import BackboneConfig
 from headstart.models.checkpoint import build_drafter, save_drafter
-from headstart.models.export import read_layout, write_layout
+from headstart.models.export.medusa import read_layout, write_layout
 from headstart.models.medusa import MedusaConfig
 from headstart.train import export as export_cli
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from headstart.eval.methods.base import Draft, Sampling
-from headstart.eval.tree import chain_tree
+from headstart.eval.engine.proposers.base import Draft, Sampling
+from headstart.eval.engine.tree import chain_tree
 
 
 def find_candidates(context: torch.Tensor, max_ngram: int, num_tokens: int) -> list[int]:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from headstart.eval.acceptance import target_probs
-from headstart.eval.methods.base import Draft, Sampling
-from headstart.eval.runner import ModelRunner
-from headstart.eval.tree import chain_tree
+from headstart.eval.engine.acceptance import target_probs
+from headstart.eval.engine.proposers.base import Draft, Sampling
+from headstart.eval.engine.runner import ModelRunner
+from headstart.eval.engine.tree import chain_tree
 
 
 def check_same_tokenizer(target, draft) -> None:

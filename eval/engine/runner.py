@@ -15,8 +15,8 @@ import warnings
 
 import torch
 
-from headstart.eval.kv_cache import CacheFullError, KVCache
-from headstart.eval.tree import Tree, chain_tree
+from headstart.eval.engine.kv_cache import CacheFullError, KVCache
+from headstart.eval.engine.tree import Tree, chain_tree
 
 
 class ModelRunner:

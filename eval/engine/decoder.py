@@ -2,7 +2,7 @@
 
 One step (Leviathan et al. 2023; Medusa, Cai et al. 2024, Sec. 2.1.2): the method proposes a tree of candidate
 tokens below the root (the last emitted token); ONE target forward over root + candidates with a tree attention
-mask gives the target's distribution after every node; an acceptance rule (`headstart.eval.acceptance`) picks
+mask gives the target's distribution after every node; an acceptance rule (`headstart.eval.engine.acceptance`) picks
 the accepted path plus one bonus token; the path's K/V are compacted into place in the cache. 'vanilla' is the
 same loop with no candidates (one token per target forward), so every speedup is measured against the same code.
 
@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from headstart.eval.acceptance import greedy_tree, sample_chain, sample_tree, target_probs, typical_tree
-from headstart.eval.kv_cache import CacheFullError
-from headstart.eval.methods.base import Draft, Proposer, Sampling
-from headstart.eval.runner import ModelRunner
-from headstart.eval.tree import Tree, default_tree, tree_from_accuracy, tree_from_paths
+from headstart.eval.engine.acceptance import greedy_tree, sample_chain, sample_tree, target_probs, typical_tree
+from headstart.eval.engine.kv_cache import CacheFullError
+from headstart.eval.engine.proposers.base import Draft, Proposer, Sampling
+from headstart.eval.engine.runner import ModelRunner
+from headstart.eval.engine.tree import Tree, default_tree, tree_from_accuracy, tree_from_paths
 
 METHODS = ("vanilla", "medusa", "draft", "prompt_lookup", "eagle", "eagle3")
 DEFAULT_TREE_NODES = 63  # Medusa's default budget (mc_sim_7b_63), for GPUs
@@ -117,7 +117,7 @@ class Decoder:
         if self.method == "vanilla":
             return None
         if self.method == "medusa":
-            from headstart.eval.methods.medusa import MedusaProposer
+            from headstart.eval.engine.proposers.medusa import MedusaProposer
 
             if drafter is None:
                 raise ValueError("method 'medusa' needs drafter= (MedusaHeads), e.g. from build_decoder()")
@@ -127,7 +127,7 @@ class Decoder:
             tree = _medusa_tree(tree, len(drafter.blocks), tree_nodes, head_accuracy)
             return MedusaProposer(drafter, tree, self.device)
         if self.method == "draft":
-            from headstart.eval.methods.draft_model import DraftModelProposer, check_same_tokenizer
+            from headstart.eval.engine.proposers.draft_model import DraftModelProposer, check_same_tokenizer
 
             if draft_backbone is None:
                 raise ValueError("method 'draft' needs draft_backbone= (a Backbone with the same tokenizer)")
@@ -142,11 +142,11 @@ class Decoder:
                 self.cuda_graphs,
             )
         if self.method == "prompt_lookup":
-            from headstart.eval.methods.prompt_lookup import PromptLookupProposer
+            from headstart.eval.engine.proposers.prompt_lookup import PromptLookupProposer
 
             return PromptLookupProposer(k or DRAFT_TOKENS, self.device, max_ngram)
         if self.method in ("eagle", "eagle3"):  # EAGLE-1 or EAGLE-3 drafter, EAGLE-2 dynamic tree
-            from headstart.eval.methods.eagle import EagleProposer
+            from headstart.eval.engine.proposers.eagle import EagleProposer
 
             if drafter is None:
                 raise ValueError(

@@ -18,7 +18,7 @@ import torch
 from headstart.models.backbone import DTYPES, BackboneConfig, load_backbone
 from headstart.models.checkpoint import load_drafter
 from headstart.models.distill import DistillDrafter
-from headstart.models.export import measured_lines
+from headstart.models.export.medusa import measured_lines
 
 
 def write_hf_draft(drafter: DistillDrafter, target, folder: Path, dtype: torch.dtype) -> Path:

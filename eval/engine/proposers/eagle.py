@@ -26,8 +26,8 @@ import weakref
 
 import torch
 
-from headstart.eval.methods.base import Draft, Sampling
-from headstart.eval.tree import Tree
+from headstart.eval.engine.proposers.base import Draft, Sampling
+from headstart.eval.engine.tree import Tree
 from headstart.models.eagle import EagleDrafter
 
 

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from headstart.eval.tree import Tree
+from headstart.eval.engine.tree import Tree
 
 
 @dataclass

@@ -1,13 +1,13 @@
 """Medusa candidates (Cai et al. 2024, Sec. 2.1.2): the heads read the target's final hidden state h_t at the
 last accepted position; head k's top-k tokens are the candidates for position t+k+2 (the root is t+1), and a
-sparse tree of top-k ranks (`headstart.eval.tree`) picks which combinations to verify."""
+sparse tree of top-k ranks (`headstart.eval.engine.tree`) picks which combinations to verify."""
 
 from __future__ import annotations
 
 import torch
 
-from headstart.eval.methods.base import Draft, Sampling
-from headstart.eval.tree import Tree, check_fits_heads
+from headstart.eval.engine.proposers.base import Draft, Sampling
+from headstart.eval.engine.tree import Tree, check_fits_heads
 from headstart.models.medusa import MedusaHeads
 
 
