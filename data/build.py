@@ -21,7 +21,7 @@ from headstart.data.cache import (
     load_splits,
     pack,
     save_splits,
-    tokenizer_fingerprint,
+    tokenization_key,
 )
 from headstart.data.chat import IGNORE, Sample, tokenize_rows
 from headstart.data.config import DataConfig, DataError
@@ -99,7 +99,7 @@ def build_datasets(
     cache_dir = Path(cache_dir)
     backbone_fp = backbone_fingerprint(backbone) if regenerated else None
     with source_path(cfg.source) as path:
-        key = cache_key(cfg, source_fingerprint(path), tokenizer_fingerprint(tokenizer), backbone_fp)
+        key = cache_key(cfg, source_fingerprint(path), tokenization_key(tokenizer), backbone_fp)
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", cfg.name)
         cache_file = cache_dir / "tokenized" / f"{name}-{key}.safetensors"
         cached = _load_cached(cache_file)

@@ -19,6 +19,7 @@ import numpy as np
 
 from headstart.data.chat import Sample
 from headstart.data.config import DataConfig
+from headstart.models.backbone import tokenizer_fingerprint
 
 CACHE_VERSION = 1
 
@@ -27,18 +28,10 @@ def _sha(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
-def tokenizer_fingerprint(tokenizer) -> str:
-    vocab = sorted(tokenizer.get_vocab().items())
-    special = {k: str(getattr(tokenizer, k, None)) for k in ("bos_token", "eos_token", "pad_token")}
-    return _sha(
-        {
-            "class": type(tokenizer).__name__,
-            "size": len(tokenizer),
-            "chat_template": tokenizer.chat_template,
-            "vocab": _sha(vocab),
-            "special": special,
-        }
-    )
+def tokenization_key(tokenizer) -> str:
+    """What tokenized rows depend on: the tokenizer itself (its one fingerprint, models/backbone.py) and the
+    chat template that renders the conversations."""
+    return _sha({"tokenizer": tokenizer_fingerprint(tokenizer), "chat_template": tokenizer.chat_template})
 
 
 def backbone_fingerprint(backbone) -> str:
@@ -46,7 +39,7 @@ def backbone_fingerprint(backbone) -> str:
     tokenizer (the chat template shapes the prompts it regenerates from)."""
     model = backbone.model
     h = hashlib.sha256(model.config.to_json_string(use_diff=False).encode())
-    h.update(tokenizer_fingerprint(backbone.tokenizer).encode())
+    h.update(tokenization_key(backbone.tokenizer).encode())
     for name, p in sorted(model.named_parameters()):
         h.update(f"{name}:{tuple(p.shape)}:{p.dtype}".encode())
         h.update(p.detach().flatten()[:16].float().cpu().numpy().tobytes())

@@ -17,12 +17,12 @@ import logging
 from dataclasses import asdict
 from pathlib import Path
 
-import torch
 from tqdm.auto import tqdm
 
 from headstart.data.chat import end_of_turn_text, render
 from headstart.data.config import RegenConfig
 from headstart.data.sources import Row, Skips
+from headstart.models.backbone import eos_token_ids, generate_batch
 
 log = logging.getLogger("headstart.data")
 
@@ -46,13 +46,12 @@ def _load_done(path: Path) -> dict[str, dict]:
 
 
 def _stop_ids(tokenizer, model, eot: str) -> set[int]:
-    ids = {tokenizer.eos_token_id}
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids |= set(gen_eos) if isinstance(gen_eos, list) else {gen_eos}
+    """EOS ids plus the chat template's end-of-turn marker when it is one token."""
+    ids = set(eos_token_ids(tokenizer, model))
     eot_ids = tokenizer(eot.strip(), add_special_tokens=False)["input_ids"] if eot.strip() else []
     if len(eot_ids) == 1:
         ids.add(eot_ids[0])
-    return {i for i in ids if i is not None}
+    return ids
 
 
 def _decode(tokenizer, new_ids: list[int], stop: set[int], eot: str) -> tuple[str, bool]:
@@ -66,43 +65,15 @@ def _decode(tokenizer, new_ids: list[int], stop: set[int], eot: str) -> tuple[st
     return text, finished
 
 
-@torch.no_grad()
-def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token-id prompts -> (ids, attention_mask), both (B, L), padded on the LEFT for batched generation."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # (B, L)
-    mask = torch.zeros_like(ids)  # (B, L)
-    for b, p in enumerate(prompts):
-        ids[b, width - len(p) :] = torch.tensor(p)
-        mask[b, width - len(p) :] = 1
-    return ids, mask
-
-
 def _generate(
     backbone, prompts: list[list[int]], regen: RegenConfig, stop: set[int], seed: int
 ) -> list[list[int]]:
     """Batched generation with LEFT padding; returns only the new tokens of each prompt."""
-    tok, model = backbone.tokenizer, backbone.model
+    tok = backbone.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    ids, mask = left_pad(prompts, pad)
-    # Sampling draws from the plain tempered distribution: top-k / top-p off, whatever the model's defaults.
-    if regen.temperature > 0:
-        sampling = dict(do_sample=True, temperature=regen.temperature, top_k=0, top_p=1.0)
-    else:
-        sampling = dict(do_sample=False)
-    device = backbone.device
-    devices = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):  # seeded per batch, without moving the caller's RNG
-        torch.manual_seed(seed)
-        out = model.generate(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
-            max_new_tokens=regen.max_new_tokens,
-            pad_token_id=pad,
-            eos_token_id=sorted(stop),
-            **sampling,
-        )  # (B, L + new)
-    return out[:, ids.shape[1] :].tolist()
+    return generate_batch(
+        backbone.model, prompts, regen.max_new_tokens, regen.temperature, pad, sorted(stop), seed
+    )
 
 
 def _regen_batch(backbone, batch: list[Row], regen: RegenConfig, max_length: int, seed: int) -> list[dict]:

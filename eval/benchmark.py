@@ -3,7 +3,7 @@
     python eval/benchmark.py --checkpoint DIR --prompts FILE --n 10 --max-new-tokens 128 --dtype bfloat16
     python eval/benchmark.py --backbone tiny --n 4          # no drafter: vanilla + prompt lookup only
 
-Rows: ours vanilla, ours medusa (with --checkpoint), ours prompt_lookup, ours draft (with --draft); HF greedy,
+Rows: ours vanilla, ours <the checkpoint's proposer> (with --checkpoint), ours prompt_lookup, ours draft (with --draft); HF greedy,
 HF prompt lookup (`prompt_lookup_num_tokens`), HF assisted (`assistant_model`, with --draft). All greedy.
 tau = tokens per target forward after the prefill (the prefill's token and forward excluded, as in our
 `DecodeStats.tau`; for HF, forwards are counted by a hook on the target model), so plain decoding has tau = 1.
@@ -14,18 +14,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from headstart.errors import exit_on_user_error
 from headstart.eval.config import DEFAULT_PROMPTS, EvalError
 from headstart.eval.prompts import chat_ids, load_prompts
-from headstart.eval.run import USER_ERRORS, resolve_device
-from headstart.eval.score import eos_token_ids
-from headstart.models.backbone import Backbone, BackboneConfig, load_backbone
+from headstart.eval.stage import resolve_device
+from headstart.models.backbone import Backbone, BackboneConfig, eos_token_ids, load_backbone
 from headstart.models.checkpoint import read_meta
 
 
@@ -41,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--num-draft-tokens", type=int, default=4, help="prompt lookup / draft tokens per step")
     p.add_argument(
-        "--tree-nodes", type=int, default=0, help="medusa candidate-tree size (0: decoder default)"
+        "--tree-nodes", type=int, default=0, help="medusa / eagle candidate-tree size (0: decoder default)"
     )
     p.add_argument("--dtype", default="", help="float32 | bfloat16 | float16 (default: the checkpoint's)")
     p.add_argument("--device", default="auto")
@@ -119,23 +118,22 @@ def ours_runner(decoder, max_new_tokens: int, eos: list[int]):
 
 
 def build_methods(args, backbone: Backbone, draft: Backbone | None, cache_len: int) -> dict:
-    from headstart.eval.engine.decoder import build_decoder
+    from headstart.eval.engine.decoder import Decoder, build_decoder
+    from headstart.models import registry
+    from headstart.models.checkpoint import LoadedDrafter, load_drafter
 
     eos, n, k = eos_token_ids(backbone), args.max_new_tokens, args.num_draft_tokens
-    methods = {
-        "ours vanilla": ours_runner(build_decoder("vanilla", backbone, None, max_cache_len=cache_len), n, eos)
-    }
+    methods = {"ours vanilla": ours_runner(Decoder(backbone, "vanilla", max_cache_len=cache_len), n, eos)}
     if args.checkpoint:
-        medusa = build_decoder(
-            "medusa", backbone, args.checkpoint, max_cache_len=cache_len, tree_nodes=args.tree_nodes or None
-        )
-        methods["ours medusa"] = ours_runner(medusa, n, eos)
-    lookup = build_decoder("prompt_lookup", backbone, None, num_draft_tokens=k, max_cache_len=cache_len)
+        loaded = LoadedDrafter(*load_drafter(args.checkpoint, backbone))
+        proposer = registry.proposer_of(loaded.meta["method"])
+        opts = {"tree_nodes": args.tree_nodes} if args.tree_nodes else {}
+        spec = build_decoder(proposer, backbone, loaded, max_cache_len=cache_len, **opts)
+        methods[f"ours {proposer}"] = ours_runner(spec, n, eos)
+    lookup = Decoder(backbone, "prompt_lookup", num_draft_tokens=k, max_cache_len=cache_len)
     methods["ours prompt_lookup"] = ours_runner(lookup, n, eos)
     if draft is not None:
-        dec = build_decoder(
-            "draft", backbone, None, draft_backbone=draft, num_draft_tokens=k, max_cache_len=cache_len
-        )
+        dec = Decoder(backbone, "draft", draft_backbone=draft, num_draft_tokens=k, max_cache_len=cache_len)
         methods["ours draft"] = ours_runner(dec, n, eos)
     methods["HF greedy"] = hf_runner(backbone, n, eos)
     methods["HF prompt_lookup"] = hf_runner(backbone, n, eos, prompt_lookup_num_tokens=k)
@@ -251,8 +249,5 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    try:
+    with exit_on_user_error():
         main()
-    except USER_ERRORS as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)

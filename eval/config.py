@@ -12,11 +12,12 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 import headstart.data
+from headstart.eval.engine.proposers import DRAFT, PROPOSERS
 from headstart.models.backbone import DTYPES
-from headstart.train.config import LoggerConfig
+from headstart.tracking import LoggerConfig
 
 DEFAULT_PROMPTS = str(Path(headstart.data.__file__).parent / "dev_prompts.jsonl")
-SPEC_METHODS = ("medusa", "prompt_lookup", "draft", "eagle", "eagle3")
+SPEC_METHODS = tuple(PROPOSERS)  # every decoding method but vanilla
 
 
 class EvalError(ValueError):
@@ -68,7 +69,7 @@ class EvalConfig:
             raise EvalError(f"dtype={self.dtype!r}: expected one of {sorted(DTYPES)} or empty (checkpoint's)")
         if self.method and self.method not in SPEC_METHODS:
             raise EvalError(f"method={self.method!r}: expected one of {list(SPEC_METHODS)} or empty")
-        if self.method == "draft" and not self.draft:
+        if self.method == DRAFT and not self.draft:
             raise EvalError(
                 "method=draft needs a draft model. Fix: draft=<Hub id, folder or .gguf>, or method= (empty) "
                 "with a distillspec checkpoint (its distilled draft is used)"
@@ -80,7 +81,10 @@ class EvalConfig:
 
 
 def register_configs() -> None:
-    ConfigStore.instance().store(name="eval_schema", node=EvalConfig)
+    cs = ConfigStore.instance()
+    cs.store(name="eval_schema", node=EvalConfig)
+    cs.store(group="logger", name="none", node=LoggerConfig(kind="none"))
+    cs.store(group="logger", name="wandb", node=LoggerConfig(kind="wandb"))
 
 
 def to_eval_config(cfg: DictConfig) -> EvalConfig:

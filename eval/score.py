@@ -19,6 +19,8 @@ import torch
 
 from headstart.eval.config import EvalError
 from headstart.eval.prompts import Prompt, chat_ids
+from headstart.models import registry
+from headstart.models.backbone import eos_token_ids
 
 
 @dataclass
@@ -28,15 +30,6 @@ class GenOpts:
     top_p: float = 1.0
     seed: int = 0
     max_cache_len: int = 2048
-
-
-def eos_token_ids(backbone) -> list[int]:
-    """EOS ids from the tokenizer and the model's generation config (chat models often stop on several)."""
-    ids = {backbone.tokenizer.eos_token_id}
-    gen = getattr(backbone.model, "generation_config", None)
-    extra = getattr(gen, "eos_token_id", None) if gen is not None else None
-    ids.update(extra if isinstance(extra, list) else [extra])
-    return sorted(i for i in ids if i is not None)
 
 
 def _sync(device: torch.device) -> None:
@@ -219,8 +212,8 @@ def quick_eval(
     backbone, drafter, method: str, prompts: list[list[int]], max_new_tokens: int, **decoder_opts
 ) -> dict:
     """Greedy-decode token-id prompts with the drafter as it is now (training calls this every N steps).
-    A DistillSpec drafter (method "distillspec") runs as the decoder's `draft` method, its draft LM in its own
-    dtype (fp32 while training) and not frozen.
+    `method` is the drafter's training method (a registry name); its proposer serves the drafter as it is
+    (`serving(live=True)`: a DistillSpec draft LM in its own dtype, fp32 while training, not frozen).
 
     Returns tau, accept_by_position (share of steps accepting draft position i), acceptance_rate_by_position,
     new_tokens, target_forwards, tokens_per_s. The drafter's train/eval mode is restored afterwards."""
@@ -234,13 +227,12 @@ def quick_eval(
     try:
         # default cache: the longest prompt + answer, plus room for one step's verify tree
         cache = decoder_opts.pop("max_cache_len", max(len(p) for p in prompts) + max_new_tokens + 256)
-        if method == "distillspec":  # a draft LM: the decoder's `draft` method, on the live (unfrozen) draft
-            from headstart.models.backbone import Backbone
-
-            live = Backbone(drafter.draft, backbone.tokenizer, name="draft", freeze=False)
-            decoder = Decoder(backbone, "draft", draft_backbone=live, max_cache_len=cache, **decoder_opts)
+        if drafter is None:  # a training-free method (vanilla, prompt_lookup) by its decoding name
+            served, proposer = {}, method
         else:
-            decoder = Decoder(backbone, method, drafter, max_cache_len=cache, **decoder_opts)
+            served = {k: v for k, v in drafter.serving(backbone, live=True).items() if v is not None}
+            proposer = registry.proposer_of(method)
+        decoder = Decoder(backbone, proposer, max_cache_len=cache, **{**served, **decoder_opts})
         eos = eos_token_ids(backbone)
         runs = []
         for ids in prompts:

@@ -21,10 +21,9 @@ import numpy as np
 
 from headstart.eval.config import DEFAULT_PROMPTS
 from headstart.eval.prompts import chat_ids, load_prompts
-from headstart.eval.run import find_checkpoints, step_of
 from headstart.eval.score import quick_eval
 from headstart.models.backbone import BackboneConfig, load_backbone
-from headstart.models.checkpoint import load_drafter, read_meta
+from headstart.models.checkpoint import find_checkpoints, load_drafter, read_meta, step_of
 
 
 def pearson(a: np.ndarray, b: np.ndarray) -> float | None:

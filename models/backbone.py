@@ -297,3 +297,64 @@ def check_compatible(backbone: Backbone, saved: dict, what: str) -> None:
                 f"{backbone.name!r} has {key}={mine[key]}. Fix: load it with the backbone it was trained on "
                 "(the checkpoint's config.json names it)"
             )
+
+
+def eos_token_ids(backbone_or_tokenizer, model=None) -> list[int]:
+    """Every id that ends a reply: the tokenizer's EOS and the model's generation-config EOS ids (chat models
+    often stop on several). Takes a Backbone, or a tokenizer and its model."""
+    tokenizer = getattr(backbone_or_tokenizer, "tokenizer", backbone_or_tokenizer)
+    model = getattr(backbone_or_tokenizer, "model", model)
+    ids = {getattr(tokenizer, "eos_token_id", None)}
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids |= set(gen_eos) if isinstance(gen_eos, list | tuple) else {gen_eos}
+    return sorted(i for i in ids if i is not None)
+
+
+@torch.no_grad()
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id prompts -> (ids, attention_mask), both (B, L), padded on the LEFT for batched generation."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # (B, L)
+    mask = torch.zeros_like(ids)  # (B, L)
+    for b, p in enumerate(prompts):
+        ids[b, width - len(p) :] = torch.tensor(p)
+        mask[b, width - len(p) :] = 1
+    return ids, mask
+
+
+@torch.no_grad()
+def generate_batch(
+    model,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    temperature: float,
+    pad_id: int,
+    stops: list[int],
+    seed: int,
+) -> list[list[int]]:
+    """Seeded batched generation with LEFT padding -> each row's new tokens (padding after a stop included).
+    Sampling draws from the plain tempered distribution (top-k / top-p off, whatever the model's generation
+    defaults say); the caller's RNG does not move. The model runs in eval mode; its mode is restored."""
+    device = next(model.parameters()).device
+    ids, mask = left_pad(prompts, pad_id)  # (B, P) each
+    if temperature > 0:
+        sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+    else:
+        sampling = dict(do_sample=False)
+    was_training = model.training
+    model.eval()
+    devices = [device.index or 0] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            out = model.generate(
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                max_new_tokens=max_new_tokens,
+                pad_token_id=pad_id,
+                eos_token_id=stops,
+                **sampling,
+            )  # (B, P + G)
+    finally:
+        model.train(was_training)
+    return out[:, ids.shape[1] :].tolist()

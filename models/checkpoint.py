@@ -7,46 +7,37 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from headstart.models import registry
 from headstart.models.backbone import Backbone, BackboneConfig, check_compatible
-from headstart.models.distill import DistillConfig
-from headstart.models.eagle_config import Eagle3Config, EagleConfig
-from headstart.models.medusa import MedusaConfig, MedusaHeads
+from headstart.models.drafter import Drafter
 
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
+DRAFTER_DIR = "drafter"  # a run folder's final drafter, and the drafter inside every step checkpoint
 
 
-def build_drafter(method: str, method_cfg, backbone: Backbone) -> nn.Module:
-    """The one place that maps a method name to its drafter module."""
-    if method == "medusa":
-        heads = MedusaHeads(method_cfg, backbone.hidden_size, backbone.vocab_size)
-        heads.attach_lm_head(backbone.lm_head, init=True)
-        return heads
-    if method in ("eagle", "eagle3"):
-        from headstart.models.eagle import EagleDrafter
-
-        drafter = EagleDrafter(method_cfg, backbone.config, backbone.vocab_size)
-        drafter.attach(backbone.embed_tokens, backbone.lm_head)
-        return drafter.to(device=backbone.device)
-    if method == "distillspec":
-        from headstart.models.distill_init import build_distill_drafter
-
-        return build_distill_drafter(method_cfg, backbone)
-    raise ValueError(f"unknown method {method!r}: expected one of {sorted(METHOD_CONFIGS)}")
+class CheckpointError(ValueError):
+    """A path that holds no usable drafter checkpoint; the message names the fix."""
 
 
-METHOD_CONFIGS = {
-    "medusa": MedusaConfig,
-    "distillspec": DistillConfig,
-    "eagle": EagleConfig,
-    "eagle3": Eagle3Config,
-}
+@dataclass
+class LoadedDrafter:
+    """A drafter and the config.json it was loaded with (read once)."""
+
+    drafter: Drafter
+    meta: dict
+
+
+def build_drafter(method: str, method_cfg, backbone: Backbone) -> Drafter:
+    """A fresh drafter of `method` (a registry name) on `backbone`."""
+    return registry.get(method).build_drafter(method_cfg, backbone)
 
 
 def atomic_dir(final: Path):
@@ -90,7 +81,7 @@ def save_drafter(
         "method_config": asdict(method_cfg),
         "backbone": asdict(backbone_cfg),
         "backbone_fingerprint": backbone.fingerprint(),
-        **(drafter.checkpoint_meta() if hasattr(drafter, "checkpoint_meta") else {}),
+        **drafter.checkpoint_meta(),
         **(extra or {}),
     }
     state, tied = untie(state or drafter.state_dict())
@@ -126,20 +117,62 @@ def read_meta(path: str | Path) -> dict:
     return json.loads(cfg_file.read_text())
 
 
-def load_drafter(path: str | Path, backbone: Backbone) -> tuple[nn.Module, dict]:
-    """Rebuild a drafter from its folder onto `backbone` (checked for compatibility first)."""
+def load_drafter(path: str | Path, backbone: Backbone, meta: dict | None = None) -> tuple[Drafter, dict]:
+    """Rebuild a drafter from its folder onto `backbone` (checked for compatibility first). `meta`: the folder's
+    config.json when the caller has already read it (it is not read again)."""
     path = Path(path)
-    meta = read_meta(path)
+    meta = read_meta(path) if meta is None else meta
     check_compatible(backbone, meta["backbone_fingerprint"], f"drafter checkpoint {path}")
-    method = meta["method"]
-    method_cfg = METHOD_CONFIGS[method](**meta["method_config"])
-    if method == "distillspec":  # rebuilt from the saved HF config: no pretrained draft or pruning needed
-        from headstart.models.distill_init import rebuild_drafter
-
-        drafter = rebuild_drafter(method_cfg, meta["draft_config"], backbone)
-    else:
-        drafter = build_drafter(method, method_cfg, backbone)
+    method = registry.get(meta["method"])
+    drafter = method.build_drafter(method.config(**meta["method_config"]), backbone, meta)
     state = load_file(path / WEIGHTS_NAME)
     state |= {key: state[src] for key, src in meta.get("tied_keys", {}).items()}
     drafter.load_state_dict(state, strict=True)
     return drafter.to(device=backbone.device), meta
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A run folder -> its final drafter; a drafter folder as it is."""
+    path = Path(path)
+    return path / DRAFTER_DIR if (path / DRAFTER_DIR / CONFIG_NAME).is_file() else path
+
+
+def is_checkpoint(p: Path) -> bool:
+    """A drafter folder: weights plus a headstart config.json (not, e.g., an HF model folder in the run)."""
+    if not (p / WEIGHTS_NAME).is_file():
+        return False
+    try:
+        meta = json.loads((p / CONFIG_NAME).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and {"method", "backbone", "backbone_fingerprint"} <= meta.keys()
+
+
+def step_of(path: Path, meta: dict) -> int | None:
+    if isinstance(meta.get("step"), int):
+        return meta["step"]
+    found = [
+        int(m.group(1)) for part in path.parts if (m := re.fullmatch(r"(?:step|checkpoint)[_-]?(\d+)", part))
+    ]
+    return found[-1] if found else None
+
+
+def find_checkpoints(path: str | Path) -> list[Path]:
+    """A checkpoint folder itself, or every checkpoint folder under a run folder (half-written ones skipped)."""
+    root = Path(path)
+    if not root.is_dir():
+        raise CheckpointError(
+            f"checkpoint={path}: no such folder. Fix: checkpoint=runs/<run>/{DRAFTER_DIR} or a run folder"
+        )
+    if is_checkpoint(root):
+        return [root]
+    half_written = lambda p: any(".tmp" in part for part in p.relative_to(root).parts)  # noqa: E731
+    found = sorted(
+        p.parent for p in root.rglob(CONFIG_NAME) if is_checkpoint(p.parent) and not half_written(p)
+    )
+    if not found:
+        raise CheckpointError(
+            f"checkpoint={path} holds no drafter checkpoint (a folder with {CONFIG_NAME} + {WEIGHTS_NAME}). "
+            f"Fix: point at runs/<run>/{DRAFTER_DIR}, a checkpoints/step_*/{DRAFTER_DIR} folder, or the run folder"
+        )
+    return found

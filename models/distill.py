@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from headstart.models.drafter import DrafterBase
+
 INITS = ("pretrained", "pruned", "fresh")
 DIVERGENCES = ("fkl", "rkl", "jsd", "tvd")
 DATA_MODES = ("fixed", "teacher", "student", "mixture")
@@ -264,7 +266,7 @@ def distill_loss(
     return loss.float(), tvd.float(), top1
 
 
-class DistillDrafter(nn.Module):
+class DistillDrafter(DrafterBase):
     """A plain HF causal LM (`self.draft`) trained toward the frozen target; exports as a standard HF folder."""
 
     def __init__(self, cfg: DistillConfig, draft: nn.Module) -> None:
@@ -282,6 +284,16 @@ class DistillDrafter(nn.Module):
     def checkpoint_meta(self) -> dict:
         """What load_drafter needs besides the weights: the draft's HF config."""
         return {"draft_config": self.draft.config.to_dict()}
+
+    def serving(self, backbone, meta: dict | None = None, live: bool = False) -> dict:
+        """The draft LM proposes (the decoder's draft-model proposer): frozen in the target's dtype, or, while
+        training, as it is (its own dtype, not frozen)."""
+        from headstart.models.backbone import Backbone
+
+        if live:
+            return {"draft_backbone": Backbone(self.draft, backbone.tokenizer, name="draft", freeze=False)}
+        draft = self.draft.to(backbone.dtype)  # served like the target (bf16 on a bf16 target)
+        return {"draft_backbone": Backbone(draft, backbone.tokenizer, name="distillspec-draft")}
 
     def forward(
         self,

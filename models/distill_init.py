@@ -5,7 +5,7 @@
   dropping init of e.g. Sheared-LLaMA / LayerSkip-style early exits, which starts far closer to the target;
 - `fresh`: the target's architecture and width with `num_layers` layers, randomly initialized.
 
-A checkpoint stores the draft's HF config, so `rebuild_drafter` needs neither the target's weights nor the
+A checkpoint stores the draft's HF config, so `build(cfg, target, meta)` needs neither the target's weights nor the
 pretrained draft to rebuild it.
 """
 
@@ -130,17 +130,15 @@ def init_draft(cfg: DistillConfig, target: Backbone) -> nn.Module:
     return draft.requires_grad_(True).train()
 
 
-def build_distill_drafter(cfg: DistillConfig, target: Backbone) -> DistillDrafter:
-    drafter = DistillDrafter(cfg, init_draft(cfg, target))
-    drafter.attach_teacher_head(target.lm_head)
-    return drafter
+def build(cfg: DistillConfig, target: Backbone, meta: dict | None = None) -> DistillDrafter:
+    """A new draft (`cfg.init`), or, from a checkpoint's `meta`, the draft rebuilt from its saved HF config
+    (no pretrained draft or pruning needed; the caller loads the weights)."""
+    if meta is None:
+        draft = init_draft(cfg, target)
+    else:
+        from transformers import AutoConfig
 
-
-def rebuild_drafter(cfg: DistillConfig, draft_config_dict: dict, target: Backbone) -> DistillDrafter:
-    """The drafter of a checkpoint, from its saved HF config (weights are loaded by the caller)."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.for_model(**draft_config_dict)
-    drafter = DistillDrafter(cfg, _from_config(config, _attn(target.model)))
+        draft = _from_config(AutoConfig.for_model(**meta["draft_config"]), _attn(target.model))
+    drafter = DistillDrafter(cfg, draft)
     drafter.attach_teacher_head(target.lm_head)
     return drafter

@@ -29,6 +29,7 @@ from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from headstart.models.chunked_ce import compute_dtype, linear_soft_cross_entropy
+from headstart.models.drafter import DrafterBase
 from headstart.models.eagle_config import (
     Eagle3Config,
     EagleConfig,
@@ -42,7 +43,7 @@ from headstart.models.eagle_ttt import smooth_l1_sum, teacher_targets
 __all__ = ["Eagle3Config", "EagleConfig", "EagleDrafter"]
 
 
-class EagleDrafter(nn.Module):
+class EagleDrafter(DrafterBase):
     """EAGLE-1 (`cfg: EagleConfig`) or EAGLE-3 (`cfg: Eagle3Config`) draft head over a frozen backbone."""
 
     def __init__(self, cfg, backbone_config, vocab_size: int) -> None:
@@ -107,6 +108,16 @@ class EagleDrafter(nn.Module):
         self.set_vocab_map(d2t.to(self.d2t.device), t2d.to(self.t2d.device))
         distinct = int((counts > 0).sum())
         return {"draft_vocab_size": len(d2t), "draft_vocab_coverage": coverage, "labelled_distinct": distinct}
+
+    def feature_cache(self) -> tuple[tuple[int, ...], str] | None:
+        """The fused layers (EAGLE-1: none, the final state only) when features are cached offline."""
+        if self.cfg.hidden_cache != "offline":
+            return None
+        return tuple(self.aux_layers), self.cfg.hidden_cache_dtype
+
+    def serving(self, backbone, meta: dict | None = None, live: bool = False) -> dict:
+        """Served in the target's dtype (bf16 on a bf16 target), like a draft model; as it is while training."""
+        return {"drafter": self if live else self.to_serving_dtype(backbone.dtype)}
 
     def draft_ids(self) -> torch.Tensor:
         """(Dv,) target id of each draft id (all ids for EAGLE-1)."""
@@ -286,3 +297,10 @@ def _argmax(x: torch.Tensor, weight: torch.Tensor, chunk: int) -> torch.Tensor:
     flat, w = x.reshape(-1, x.shape[-1]), weight.to(x.dtype)  # cast the projection once, not per chunk
     out = torch.cat([(flat[s : s + chunk] @ w.T).argmax(-1) for s in range(0, len(flat), chunk)])
     return out.view(x.shape[:-1])
+
+
+def build(cfg, backbone, meta: dict | None = None) -> EagleDrafter:
+    """An EAGLE-1 (EagleConfig) or EAGLE-3 (Eagle3Config) drafter reading `backbone`'s embeddings and lm_head."""
+    drafter = EagleDrafter(cfg, backbone.config, backbone.vocab_size)
+    drafter.attach(backbone.embed_tokens, backbone.lm_head)
+    return drafter.to(device=backbone.device)

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from headstart.models.chunked_ce import linear_cross_entropy
+from headstart.models.drafter import DrafterBase
 
 
 @dataclass
@@ -48,7 +49,7 @@ class ResBlock(nn.Module):
         return x + nn.functional.silu(self.linear(x))
 
 
-class MedusaHeads(nn.Module):
+class MedusaHeads(DrafterBase):
     def __init__(self, cfg: MedusaConfig, hidden_size: int, vocab_size: int) -> None:
         super().__init__()
         self.cfg = cfg
@@ -81,6 +82,10 @@ class MedusaHeads(nn.Module):
                 "share_lm_head=True but no lm_head attached: call attach_lm_head(backbone.lm_head)"
             )
         return self._shared_lm_head[0].weight
+
+    def serving(self, backbone, meta: dict | None = None, live: bool = False) -> dict:
+        """The tree is built from the checkpoint's measured per-head accuracies when it has them."""
+        return {"drafter": self, "head_accuracy": (meta or {}).get("head_topk_accuracy")}
 
     def features(self, hidden: torch.Tensor) -> list[torch.Tensor]:
         """hidden (..., H) -> K tensors (..., H), the inputs to each head's vocabulary projection."""
@@ -149,3 +154,10 @@ class MedusaHeads(nn.Module):
             metrics[f"head{k}/n"] = n
         count = counts[0]
         return loss, count, metrics
+
+
+def build(cfg: MedusaConfig, backbone, meta: dict | None = None) -> MedusaHeads:
+    """Heads for `backbone`, each starting as its frozen lm_head (shared or copied)."""
+    heads = MedusaHeads(cfg, backbone.hidden_size, backbone.vocab_size)
+    heads.attach_lm_head(backbone.lm_head, init=True)
+    return heads

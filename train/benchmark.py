@@ -131,7 +131,7 @@ def step_loss(args, backbone, drafter, ids, labels) -> torch.Tensor:
         if args.variant == "distill_naive":
             return naive_distill_loss(backbone, drafter, ids, loss_mask, hidden)
         if args.variant in EAGLE_VARIANTS:
-            from headstart.train.methods import eagle_step
+            from headstart.train.steps import eagle_step
 
             batch = {"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids)}
             loss_sum, count, _ = eagle_step(backbone, drafter, batch)

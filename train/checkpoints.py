@@ -14,6 +14,8 @@ from pathlib import Path
 
 from accelerate import Accelerator
 
+from headstart.models.checkpoint import DRAFTER_DIR
+
 STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -49,7 +51,7 @@ def save_checkpoint(acc: Accelerator, run_dir: Path, step: int, save_drafter: Ca
         tmp.mkdir(parents=True)
     acc.wait_for_everyone()
     acc.save_state(str(tmp))
-    save_drafter(tmp / "drafter")
+    save_drafter(tmp / DRAFTER_DIR)
     if acc.is_main_process:
         (tmp / "trainer_state.json").write_text(json.dumps({"step": step}))
         shutil.rmtree(final, ignore_errors=True)

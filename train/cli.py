@@ -5,30 +5,22 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 
 from omegaconf import DictConfig, OmegaConf
 
-from headstart.data import DataError
-from headstart.models.backbone import BackboneError
+from headstart.errors import exit_on_user_error
 from headstart.train.config import to_job
 
-USER_ERRORS = (BackboneError, DataError, ValueError, FileNotFoundError)
 
-
-def run_job(cfg: DictConfig) -> None:
+def run_job(cfg: DictConfig, entry: str) -> None:
+    """`entry`: the calling script (train/<entry>.py); a method another script trains is refused."""
     rank = int(os.environ.get("RANK", "0"))
     logging.getLogger("headstart").setLevel(logging.INFO if rank == 0 else logging.WARNING)
-    try:
-        job = to_job(cfg)
+    with exit_on_user_error():
+        job = to_job(cfg, entry)
         resolved = OmegaConf.to_container(cfg, resolve=True)
         from headstart.train.loop import train
 
         final = train(job, resolved)
-    except USER_ERRORS as e:
-        if os.environ.get("HEADSTART_TRACEBACK"):
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
     if rank == 0:
         print(f"drafter written to {final}")

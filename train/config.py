@@ -1,6 +1,11 @@
-"""Typed schemas for training jobs. YAML files in conf/ only fill values; these dataclasses are registered in
-Hydra's ConfigStore, so an unknown key (`method.num_head=5`) or a wrong type fails at compose time naming the
-key, and `__post_init__` range checks run when the composed config is turned into objects (`to_job`).
+"""Typed schemas for training jobs. The dataclasses are registered in Hydra's ConfigStore, so an unknown key
+(`method.num_head=5`) or a wrong type fails at compose time naming the key, and `__post_init__` range checks
+run when the composed config is turned into objects (`to_job`). YAML files in conf/ set only what differs from
+these defaults.
+
+`method` is a config group (conf/method/<name>.yaml, one per registry entry): choosing `method=eagle3` (on the
+command line, in an experiment's defaults or in a multirun) brings the method's typed schema (stored here from
+the registry as `method_schema/<name>`), `method_name` and the method's optimizer defaults together.
 """
 
 from __future__ import annotations
@@ -13,10 +18,9 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from headstart.data import DataConfig
+from headstart.models import registry
 from headstart.models.backbone import BackboneConfig
-from headstart.models.distill import DistillConfig
-from headstart.models.eagle_config import Eagle3Config, EagleConfig
-from headstart.models.medusa import MedusaConfig
+from headstart.tracking import LoggerConfig
 
 
 @dataclass
@@ -33,22 +37,6 @@ class OptimConfig:
             raise ValueError(f"optim.lr={self.lr}: must be > 0")
         if self.warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
             raise ValueError("optim.warmup_steps must be >= 0 and optim.min_lr_ratio in [0, 1]")
-
-
-@dataclass
-class LoggerConfig:
-    kind: str = "none"  # none | wandb
-    project: str = "headstart"
-    entity: str | None = None
-    run_name: str | None = None  # default: the run directory's name
-    mode: str | None = None  # online | offline | disabled; None leaves WANDB_MODE as the environment sets it
-    tags: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("none", "wandb"):
-            raise ValueError(
-                f"logger.kind={self.kind!r}: expected 'none' or 'wandb' (pick logger=none|wandb)"
-            )
 
 
 @dataclass
@@ -100,38 +88,33 @@ class JobConfig:
     method: Any = None
 
 
-@dataclass
-class MedusaJobConfig(JobConfig):
-    method_name: str = "medusa"
-    method: MedusaConfig = field(default_factory=MedusaConfig)
-
-
-@dataclass
-class DistillJobConfig(JobConfig):
-    method_name: str = "distillspec"
-    method: DistillConfig = field(default_factory=DistillConfig)
-
-
-@dataclass
-class EagleJobConfig(JobConfig):
-    method_name: str = "eagle"
-    method: EagleConfig = field(default_factory=EagleConfig)
-
-
-@dataclass
-class Eagle3JobConfig(JobConfig):
-    method_name: str = "eagle3"
-    method: Eagle3Config = field(default_factory=Eagle3Config)
-
-
 def register_configs() -> None:
     cs = ConfigStore.instance()
-    cs.store(name="medusa_schema", node=MedusaJobConfig)
-    cs.store(name="eagle_schema", node=EagleJobConfig)
-    cs.store(name="eagle3_schema", node=Eagle3JobConfig)
-    cs.store(name="distillspec_schema", node=DistillJobConfig)
+    cs.store(name="job_schema", node=JobConfig)
+    cs.store(group="optim", name="adamw", node=OptimConfig)
+    cs.store(group="logger", name="none", node=LoggerConfig(kind="none"))
+    cs.store(group="logger", name="wandb", node=LoggerConfig(kind="wandb"))
+    for method in registry.METHODS.values():  # conf/method/<name>.yaml puts the schema at `method`
+        cs.store(group="method_schema", name=method.name, node=method.config)
 
 
-def to_job(cfg: DictConfig) -> JobConfig:
-    """Composed DictConfig -> typed objects (runs every __post_init__ check)."""
-    return OmegaConf.to_object(cfg)
+class EntryError(ValueError):
+    """A method trained through another method's entry script."""
+
+
+def to_job(cfg: DictConfig, entry: str | None = None) -> JobConfig:
+    """Composed DictConfig -> typed objects (runs every __post_init__ check). `entry`: the script that composed
+    it (train/<entry>.py); a method that another script trains is refused, naming the right command."""
+    job = OmegaConf.to_object(cfg)
+    method = registry.get(job.method_name)
+    if registry.of_config(job.method) is not method:
+        raise EntryError(
+            f"method_name={job.method_name} but the method config is a {type(job.method).__name__}. "
+            "Fix: choose the method with method=<name>, not method_name="
+        )
+    if entry is not None and method.entry != entry:
+        raise EntryError(
+            f"method={method.name} is trained by train/{method.entry}.py, not train/{entry}.py. "
+            f"Fix: ./launch.sh {method.entry} method={method.name} ..."
+        )
+    return job

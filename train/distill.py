@@ -18,9 +18,9 @@ from headstart.train.config import register_configs
 register_configs()
 
 
-@hydra.main(config_path="../conf", config_name="distillspec", version_base=None)
+@hydra.main(config_path="../conf", config_name="distill", version_base=None)
 def main(cfg: DictConfig) -> None:
-    run_job(cfg)
+    run_job(cfg, entry="distill")
 
 
 if __name__ == "__main__":

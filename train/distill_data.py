@@ -19,7 +19,7 @@ import torch
 
 from headstart.data import collate
 from headstart.data.chat import IGNORE
-from headstart.data.selfdistill import left_pad
+from headstart.models.backbone import eos_token_ids, generate_batch
 
 
 def _mix(*parts: int) -> int:
@@ -49,14 +49,6 @@ def prompts_of(batch: dict) -> list[list[int]]:
     return out
 
 
-def stop_ids(tokenizer, model) -> list[int]:
-    ids = {tokenizer.eos_token_id}
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids |= set(gen_eos) if isinstance(gen_eos, list) else {gen_eos}
-    return sorted(i for i in ids if i is not None)
-
-
-@torch.no_grad()
 def generate_responses(
     model,
     prompts: list[list[int]],
@@ -66,32 +58,9 @@ def generate_responses(
     stops: list[int],
     seed: int,
 ) -> list[list[int]]:
-    """Batched generation with LEFT padding; each row's new tokens up to and including its first stop token."""
-    device = next(model.parameters()).device
-    ids, mask = left_pad(prompts, pad_id)  # (B, P) each
-    # the plain tempered distribution: top-k / top-p off, whatever the model's generation defaults say
-    if temperature > 0:
-        sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
-    else:
-        sampling = dict(do_sample=False)
-    was_training = model.training
-    model.eval()
-    devices = [device.index or 0] if device.type == "cuda" else []
-    try:
-        with torch.random.fork_rng(devices=devices):  # seeded per step, without moving the caller's RNG
-            torch.manual_seed(seed)
-            out = model.generate(
-                input_ids=ids.to(device),
-                attention_mask=mask.to(device),
-                max_new_tokens=max_new_tokens,
-                pad_token_id=pad_id,
-                eos_token_id=stops,
-                **sampling,
-            )  # (B, P + G)
-    finally:
-        model.train(was_training)
+    """Batched seeded generation; each row's new tokens up to and including its first stop token."""
     responses = []
-    for new in out[:, ids.shape[1] :].tolist():
+    for new in generate_batch(model, prompts, max_new_tokens, temperature, pad_id, stops, seed):
         cut = next((i + 1 for i, t in enumerate(new) if t in stops), len(new))
         responses.append(new[:cut])
     return responses
@@ -114,7 +83,7 @@ def distill_batch(backbone, drafter, batch: dict, cfg) -> dict:
         cfg.gen_max_new_tokens,
         cfg.gen_temperature,
         tok.pad_token_id,
-        stop_ids(tok, backbone.model),
+        eos_token_ids(tok, backbone.model),
         seed,
     )
     items = [

@@ -25,7 +25,7 @@ from headstart.eval.config import DEFAULT_PROMPTS
 from headstart.eval.engine.decoder import Decoder
 from headstart.eval.prompts import chat_ids, load_prompts
 from headstart.models.backbone import Backbone, BackboneConfig, load_backbone
-from headstart.models.checkpoint import build_drafter, load_drafter, read_meta
+from headstart.models.checkpoint import build_drafter, load_drafter, read_meta, resolve_checkpoint
 from headstart.models.distill import DistillConfig
 
 
@@ -66,7 +66,7 @@ def main() -> None:
     args = p.parse_args()
     if args.temperature < 0:
         p.error(f"--temperature={args.temperature}: must be >= 0 (0 is greedy)")
-    ckpt = args.checkpoint / "drafter" if (args.checkpoint / "drafter").is_dir() else args.checkpoint
+    ckpt = resolve_checkpoint(args.checkpoint)
     meta = read_meta(ckpt)
     bb_cfg = BackboneConfig(**meta["backbone"])
     target = load_backbone(replace(bb_cfg, dtype=args.dtype) if args.dtype else bb_cfg)

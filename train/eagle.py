@@ -5,8 +5,6 @@ accelerate launch train/eagle.py method=eagle3 method.ttt_steps=7 method.draft_v
 python train/eagle.py backbone=tiny debug=smoke            # one CPU process, seconds
 """
 
-import sys
-
 import hydra
 from omegaconf import DictConfig
 
@@ -14,14 +12,11 @@ from headstart.train.cli import run_job
 from headstart.train.config import register_configs
 
 register_configs()
-# EAGLE-1 and EAGLE-3 have different typed schemas: `method=eagle3` selects conf/eagle3.yaml (its schema,
-# defaults and method_name) so the override works like any other method choice.
-CONFIG = "eagle3" if "method=eagle3" in sys.argv[1:] else "eagle"
 
 
-@hydra.main(config_path="../conf", config_name=CONFIG, version_base=None)
+@hydra.main(config_path="../conf", config_name="eagle", version_base=None)
 def main(cfg: DictConfig) -> None:
-    run_job(cfg)
+    run_job(cfg, entry="eagle")
 
 
 if __name__ == "__main__":

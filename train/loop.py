@@ -22,12 +22,13 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from headstart.data import build_datasets, collate
+from headstart.models import registry
 from headstart.models.backbone import load_backbone
-from headstart.models.checkpoint import build_drafter, save_drafter
+from headstart.models.checkpoint import DRAFTER_DIR, build_drafter, save_drafter
+from headstart.tracking import LoggerConfig
 from headstart.train.checkpoints import check_resumable, find_resume_dir, prune_checkpoints, save_checkpoint
-from headstart.train.config import JobConfig
+from headstart.train.config import JobConfig, TrainConfig
 from headstart.train.hidden_cache import collate_hidden, offline_datasets
-from headstart.train.methods import STEPS
 from headstart.train.metrics import MetricSums, head_topk_accuracy
 from headstart.train.monitor import measured_tau, trace_rows
 from headstart.train.sampling import EpochShuffle
@@ -43,9 +44,8 @@ def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def make_accelerator(job: JobConfig) -> Accelerator:
-    t = job.train
-    log_with = "wandb" if job.logger.kind == "wandb" else None
+def make_accelerator(t: TrainConfig, logger: LoggerConfig, run_dir: str) -> Accelerator:
+    log_with = "wandb" if logger.kind == "wandb" else None
     return Accelerator(
         gradient_accumulation_steps=t.grad_accum,
         # our schedule counts optimizer steps, whatever the process count (accelerate would step it N times)
@@ -53,32 +53,28 @@ def make_accelerator(job: JobConfig) -> Accelerator:
         mixed_precision=t.mixed_precision,
         cpu=t.device == "cpu",
         log_with=log_with,
-        project_config=ProjectConfiguration(project_dir=job.run_dir, logging_dir=job.run_dir),
+        project_config=ProjectConfiguration(project_dir=run_dir, logging_dir=run_dir),
         kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=t.dist_timeout_s))],
     )
 
 
-def init_tracking(acc: Accelerator, job: JobConfig, resolved: dict) -> None:
-    if job.logger.kind != "wandb":
+def init_tracking(acc: Accelerator, logger: LoggerConfig, run_dir: str, resolved: dict) -> None:
+    if logger.kind != "wandb":
         return
     import os
 
-    if job.logger.mode:
-        os.environ["WANDB_MODE"] = job.logger.mode
-    wandb_kw = {
-        "name": job.logger.run_name or Path(job.run_dir).name,
-        "dir": job.run_dir,
-        "tags": job.logger.tags,
-    }
-    if job.logger.entity:
-        wandb_kw["entity"] = job.logger.entity
-    acc.init_trackers(job.logger.project, config=resolved, init_kwargs={"wandb": wandb_kw})
+    if logger.mode:
+        os.environ["WANDB_MODE"] = logger.mode
+    wandb_kw = {"name": logger.run_name or Path(run_dir).name, "dir": run_dir, "tags": logger.tags}
+    if logger.entity:
+        wandb_kw["entity"] = logger.entity
+    acc.init_trackers(logger.project, config=resolved, init_kwargs={"wandb": wandb_kw})
 
 
 def train(job: JobConfig, resolved: dict) -> Path:
     """Train job.method on job.backbone; returns the folder of the final drafter."""
     t, run_dir = job.train, Path(job.run_dir)
-    acc = make_accelerator(job)
+    acc = make_accelerator(t, job.logger, job.run_dir)
     set_seed(t.seed)
     check_resumable(run_dir, t.resume, resolved)
     if acc.is_main_process:
@@ -95,21 +91,25 @@ def train(job: JobConfig, resolved: dict) -> Path:
         )
     log.info("data: %s", json.dumps(data_stats, default=str)[:2000])
 
-    drafter = build_drafter(job.method_name, job.method, backbone)
-    if hasattr(drafter, "init_from_data"):  # e.g. EAGLE-3's draft vocabulary, from the training labels
-        init_stats = drafter.init_from_data(train_ds)
+    method = registry.get(job.method_name)
+    step_fn = method.step_fn()
+    drafter = build_drafter(method.name, job.method, backbone)
+    init_stats = drafter.init_from_data(train_ds)  # e.g. EAGLE-3's draft vocabulary, from the training labels
+    if init_stats:
         data_stats = {**data_stats, **init_stats}
         log.info("drafter data init: %s", json.dumps(init_stats, default=str))
     loader_sets = {"train": train_ds, "eval": eval_ds}  # what the data loaders read
     collate_fn = collate
-    if getattr(job.method, "hidden_cache", "online") == "offline":  # EAGLE: features cached before training
+    feature_cache = drafter.feature_cache()
+    if feature_cache is not None:  # EAGLE: backbone features cached once before training
+        layers, cache_dtype = feature_cache
         with acc.main_process_first():  # built once, on the main process; the others then reuse it
             loader_sets, data_stats["hidden_cache"] = offline_datasets(
                 backbone,
-                drafter.aux_layers,
+                layers,
                 loader_sets,
                 Path(job.cache_dir) / "hidden",
-                job.method.hidden_cache_dtype,
+                cache_dtype,
                 t.micro_batch_size,
                 show_progress=acc.is_local_main_process,
             )
@@ -146,7 +146,7 @@ def train(job: JobConfig, resolved: dict) -> Path:
         acc.load_state(str(resume_dir))
         step = json.loads((resume_dir / "trainer_state.json").read_text())["step"]
         log.info("resumed from %s at step %d", resume_dir, step)
-    init_tracking(acc, job, resolved)
+    init_tracking(acc, job.logger, job.run_dir, resolved)
 
     consumed = step * t.grad_accum  # micro-batches this process has already seen
     epoch, skip = divmod(consumed, len(train_dl))
@@ -164,7 +164,7 @@ def train(job: JobConfig, resolved: dict) -> Path:
                 trace_rows(run_dir, acc.process_index, step, batch["row_ids"])
             batch["step"] = step  # the optimizer step: methods that sample seed from it (resume-exact)
             with acc.accumulate(drafter):
-                loss, metrics = forward_loss(acc, STEPS[job.method_name], backbone, drafter, batch)
+                loss, metrics = forward_loss(acc, step_fn, backbone, drafter, batch)
                 acc.backward(loss)
                 if acc.sync_gradients and job.optim.grad_clip > 0:
                     acc.clip_grad_norm_(drafter.parameters(), job.optim.grad_clip)
@@ -185,12 +185,12 @@ def train(job: JobConfig, resolved: dict) -> Path:
                     loss=f"{logs['train/loss']:.3f}", acc0=f"{logs.get('train/head0/top1', 0):.2f}"
                 )
             if step % t.eval_every == 0 or step == t.max_steps:
-                last_eval = evaluate(acc, STEPS[job.method_name], backbone, drafter, eval_dl, t.eval_batches)
+                last_eval = evaluate(acc, step_fn, backbone, drafter, eval_dl, t.eval_batches)
                 acc.log(last_eval, step=step)
                 brief = {k: round(v, 4) for k, v in last_eval.items() if "/rank" not in k}
                 log.info("step %d eval %s", step, json.dumps(brief))
             if t.quick_eval_every and (step % t.quick_eval_every == 0 or step == t.max_steps):
-                measured = measured_tau(acc, job, backbone, drafter, eval_ds)
+                measured = measured_tau(acc, t, method.name, backbone, drafter, eval_ds)
                 acc.log(measured, step=step)
                 last_eval |= measured
             if step % t.save_every == 0 or step == t.max_steps:
@@ -212,12 +212,12 @@ def train(job: JobConfig, resolved: dict) -> Path:
         epoch += 1
     bar.close()
 
-    final = run_dir / "drafter"
+    final = run_dir / DRAFTER_DIR
     final_eval = last_eval  # the last step always evaluates (step == max_steps)
     if acc.is_main_process:
-        last = run_dir / "checkpoints" / f"step_{step:08d}" / "drafter"
+        last = run_dir / "checkpoints" / f"step_{step:08d}" / DRAFTER_DIR
         if last.is_dir():  # the last checkpoint's drafter is the final one: copy, don't recompute
-            tmp = final.with_name("drafter.tmp")
+            tmp = final.with_name(DRAFTER_DIR + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.copytree(last, tmp)
             shutil.rmtree(final, ignore_errors=True)
@@ -257,13 +257,5 @@ def save_drafter_state(acc, job: JobConfig, backbone, drafter, out: Path, extra:
     """The drafter as safetensors + resolved config (what eval and export read). Called on every rank."""
     state = acc.get_state_dict(drafter)  # gathers FSDP / ZeRO-3 shards onto the main process
     if acc.is_main_process:
-        save_drafter(
-            out,
-            acc.unwrap_model(drafter),
-            job.method_name,
-            job.method,
-            job.backbone,
-            backbone,
-            extra=extra,
-            state=state,
-        )
+        meta = (job.method_name, job.method, job.backbone)
+        save_drafter(out, acc.unwrap_model(drafter), *meta, backbone, extra=extra, state=state)

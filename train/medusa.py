@@ -15,7 +15,7 @@ register_configs()
 
 @hydra.main(config_path="../conf", config_name="medusa", version_base=None)
 def main(cfg: DictConfig) -> None:
-    run_job(cfg)
+    run_job(cfg, entry="medusa")
 
 
 if __name__ == "__main__":

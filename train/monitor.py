@@ -10,12 +10,12 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 
-from headstart.train.config import JobConfig
+from headstart.train.config import TrainConfig
 
 log = logging.getLogger("headstart.train")
 
 
-def measured_tau(acc: Accelerator, job: JobConfig, backbone, drafter, eval_ds) -> dict:
+def measured_tau(acc: Accelerator, t: TrainConfig, method: str, backbone, drafter, eval_ds) -> dict:
     """tau measured in the built-in decoder (greedy) on a few held-out prompts, beside the training loss: the
     number that serving sees, not a training-time proxy. Main process only; the others wait."""
     out: dict = {}
@@ -23,15 +23,13 @@ def measured_tau(acc: Accelerator, job: JobConfig, backbone, drafter, eval_ds) -
         from headstart.eval.score import quick_eval
 
         prompts = []
-        for i in range(min(job.train.quick_eval_prompts, len(eval_ds))):
+        for i in range(min(t.quick_eval_prompts, len(eval_ds))):
             item = eval_ds[i]
             first_label = int(
                 (item["labels"] != -100).nonzero()[0]
             )  # the prompt ends where the answer starts
             prompts.append(item["input_ids"][:first_label].tolist())
-        res = quick_eval(
-            backbone, acc.unwrap_model(drafter), job.method_name, prompts, job.train.quick_eval_tokens
-        )
+        res = quick_eval(backbone, acc.unwrap_model(drafter), method, prompts, t.quick_eval_tokens)
         out = {"measured/tau": res["tau"]}
         out |= {f"measured/accept_pos{i}": a for i, a in enumerate(res["accept_by_position"])}
         log.info("measured tau %.3f on %d held-out prompts", res["tau"], len(prompts))

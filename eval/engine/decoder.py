@@ -13,27 +13,26 @@ never emits more than max_new_tokens.
 
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from headstart.eval.engine.acceptance import greedy_tree, sample_chain, sample_tree, target_probs, typical_tree
+from headstart.eval.engine.acceptance import (
+    greedy_tree,
+    sample_chain,
+    sample_tree,
+    target_probs,
+    typical_tree,
+)
 from headstart.eval.engine.kv_cache import CacheFullError
+from headstart.eval.engine.proposers import METHODS, PROPOSERS, VANILLA
 from headstart.eval.engine.proposers.base import Draft, Proposer, Sampling
 from headstart.eval.engine.runner import ModelRunner
-from headstart.eval.engine.tree import Tree, default_tree, tree_from_accuracy, tree_from_paths
-
-METHODS = ("vanilla", "medusa", "draft", "prompt_lookup", "eagle", "eagle3")
-DEFAULT_TREE_NODES = 63  # Medusa's default budget (mc_sim_7b_63), for GPUs
-# On a CPU a verify forward of 4-8 tokens costs about one step, 16 already ~1.5 steps (SmolLM2-135M, bf16):
-# measured speedup peaked at 3-6 nodes for the CPU-trained heads (tau ~1.4), so CPU runs default to 4.
-CPU_TREE_NODES = 4
-DRAFT_TOKENS = 4  # prompt_lookup / draft: tokens proposed per step
-# EAGLE-2's dynamic tree as (depth, nodes, top-k): EAGLE-2's own defaults on GPUs. On a CPU each drafter level
-# costs ~1/6 of a SmolLM2-135M forward, so deep trees lose: measured on the dev prompts (1 thread, bf16), the
-# EAGLE-3 drafter went from 1.02x at (4, 8, 8) to 1.18x at (2, 6, 4), EAGLE-1 from 0.82x to 1.01x.
-EAGLE_TREE, CPU_EAGLE_TREE = (5, 60, 10), (2, 6, 4)
+from headstart.eval.engine.tree import Tree
+from headstart.models.backbone import eos_token_ids
+from headstart.models.registry import resolve
 
 
 @dataclass
@@ -64,18 +63,13 @@ class GenerateOutput:
 
 
 class Decoder:
-    """One interface for every method: 'vanilla', 'medusa', 'draft', 'prompt_lookup', 'eagle'/'eagle3'.
-
-    medusa: `drafter` = MedusaHeads; `tree` = a `Tree`, a list of top-k rank paths, "chain" (top-1 of every
-    head), "default" (Medusa's mc_sim_7b_63 cut to `tree_nodes` and to the heads' depth) or None (the tree
-    built from `head_accuracy` if given, else "default"). draft: `draft_backbone` proposes `num_draft_tokens`.
-    prompt_lookup: up to `num_draft_tokens` tokens from n-grams of up to `max_ngram`. eagle/eagle3: `drafter` =
-    EagleDrafter; EAGLE-2's dynamic tree of `tree_nodes` nodes, `num_draft_tokens` levels deep, expanding the
-    `topk` most confident nodes per level (defaults: EAGLE_TREE on CUDA, CPU_EAGLE_TREE on CPU). None = the
-    method's default.
-    `typical=True` (medusa,
-    temperature > 0) uses Medusa's typical acceptance, which is LOSSY. `cuda_graphs` (default: True on CUDA)
-    captures each verify width in a CUDA graph; the first generate() of each width pays the capture.
+    """One interface for every decoding method: "vanilla" or a proposer of eval/engine/proposers/ ("medusa",
+    "eagle"/"eagle3", "draft", "prompt_lookup"). The proposer's options (`drafter`, `draft_backbone`, `tree`,
+    `tree_nodes`, `topk`, `num_draft_tokens`, `head_accuracy`, `max_ngram`; None = the proposer's default) are
+    documented on its `make`; one that the method does not take is refused, not ignored.
+    `typical=True` (medusa, temperature > 0) uses Medusa's typical acceptance, which is LOSSY. `cuda_graphs`
+    (default: True on CUDA) captures each verify width in a CUDA graph; the first generate() of each width pays
+    the capture.
     """
 
     def __init__(
@@ -92,7 +86,7 @@ class Decoder:
         device=None,
         tree_nodes: int | None = None,
         head_accuracy: list[list[float]] | None = None,
-        max_ngram: int = 3,
+        max_ngram: int | None = None,
         cuda_graphs: bool | None = None,
         topk: int | None = None,
     ) -> None:
@@ -107,59 +101,34 @@ class Decoder:
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self.max_cache_len = max_cache_len
         self.runner = ModelRunner(backbone, max_cache_len, self.cuda_graphs)
-        self.proposer: Proposer | None = self._make_proposer(
-            drafter, draft_backbone, tree, num_draft_tokens, tree_nodes, head_accuracy, max_ngram, topk
+        options = dict(
+            drafter=drafter,
+            draft_backbone=draft_backbone,
+            tree=tree,
+            num_draft_tokens=num_draft_tokens,
+            tree_nodes=tree_nodes,
+            head_accuracy=head_accuracy,
+            max_ngram=max_ngram,
+            topk=topk,
         )
-        self.eos_token_ids = _default_eos(backbone)
+        self.proposer: Proposer | None = self._make_proposer(
+            {k: v for k, v in options.items() if v is not None}
+        )
+        self.eos_token_ids = eos_token_ids(backbone)
         self._sync = torch.cuda.synchronize if self.device.type == "cuda" else _no_sync
 
-    def _make_proposer(self, drafter, draft_backbone, tree, k, tree_nodes, head_accuracy, max_ngram, topk):
-        if self.method == "vanilla":
+    def _make_proposer(self, options: dict) -> Proposer | None:
+        if self.method == VANILLA:
+            if options:
+                raise ValueError(f"method 'vanilla' takes no proposer options, got {sorted(options)}")
             return None
-        if self.method == "medusa":
-            from headstart.eval.engine.proposers.medusa import MedusaProposer
-
-            if drafter is None:
-                raise ValueError("method 'medusa' needs drafter= (MedusaHeads), e.g. from build_decoder()")
-            drafter.to(self.device)
-            if tree_nodes is None:
-                tree_nodes = DEFAULT_TREE_NODES if self.device.type == "cuda" else CPU_TREE_NODES
-            tree = _medusa_tree(tree, len(drafter.blocks), tree_nodes, head_accuracy)
-            return MedusaProposer(drafter, tree, self.device)
-        if self.method == "draft":
-            from headstart.eval.engine.proposers.draft_model import DraftModelProposer, check_same_tokenizer
-
-            if draft_backbone is None:
-                raise ValueError("method 'draft' needs draft_backbone= (a Backbone with the same tokenizer)")
-            check_same_tokenizer(self.backbone, draft_backbone)
-            draft_backbone.to(self.device)
-            return DraftModelProposer(
-                draft_backbone,
-                k or DRAFT_TOKENS,
-                self.backbone.vocab_size,
-                self.device,
-                self.max_cache_len,
-                self.cuda_graphs,
+        make = resolve(PROPOSERS[self.method])
+        takes = set(inspect.signature(make).parameters) - {"decoder"}
+        if extra := sorted(set(options) - takes):
+            raise ValueError(
+                f"{', '.join(extra)} do(es) not apply to method {self.method!r} (it takes {sorted(takes)})"
             )
-        if self.method == "prompt_lookup":
-            from headstart.eval.engine.proposers.prompt_lookup import PromptLookupProposer
-
-            return PromptLookupProposer(k or DRAFT_TOKENS, self.device, max_ngram)
-        if self.method in ("eagle", "eagle3"):  # EAGLE-1 or EAGLE-3 drafter, EAGLE-2 dynamic tree
-            from headstart.eval.engine.proposers.eagle import EagleProposer
-
-            if drafter is None:
-                raise ValueError(
-                    f"method {self.method!r} needs drafter= (an EagleDrafter), e.g. build_decoder()"
-                )
-            drafter.to(self.device)
-            # target features are read through hooks, which graph replays skip
-            self.runner.cuda_graphs = False
-            depth, nodes, width = EAGLE_TREE if self.device.type == "cuda" else CPU_EAGLE_TREE
-            return EagleProposer(
-                drafter, self.backbone, self.device, k or depth, tree_nodes or nodes, topk or width
-            )
-        raise AssertionError(f"method {self.method!r} is in METHODS but has no proposer")
+        return make(self, **options)
 
     def generate(
         self,
@@ -286,52 +255,19 @@ def _no_sync() -> None:
     pass
 
 
-def _default_eos(backbone) -> list[int]:
-    ids = getattr(getattr(backbone.model, "generation_config", None), "eos_token_id", None)
-    ids = [ids] if isinstance(ids, int) else list(ids or [])
-    tok_eos = getattr(backbone.tokenizer, "eos_token_id", None)
-    return sorted(set(ids) | ({tok_eos} if tok_eos is not None else set()))
+def build_decoder(method: str, backbone, checkpoint_dir=None, **opts) -> Decoder:
+    """A Decoder for `method`. `checkpoint_dir`: the drafter the method serves, as a `LoadedDrafter`
+    (models/checkpoint.py; the caller read its config.json once) or a drafter folder (loaded here, once). Its
+    `serving()` options (the drafter, a draft LM, measured head accuracies) are added unless given in `opts`."""
+    from headstart.models.checkpoint import LoadedDrafter, load_drafter
+    from headstart.models.registry import METHODS
 
-
-def _medusa_tree(tree, num_heads: int, tree_nodes: int | None, head_accuracy) -> Tree:
-    if isinstance(tree, Tree):
-        return tree
-    if tree == "chain":
-        return tree_from_paths([[0] * d for d in range(1, num_heads + 1)])
-    if tree is None and head_accuracy is not None:
-        return tree_from_accuracy(head_accuracy[:num_heads], tree_nodes or DEFAULT_TREE_NODES)
-    if tree is None or tree == "default":
-        return default_tree(num_heads, tree_nodes or DEFAULT_TREE_NODES)
-    if isinstance(tree, str):
-        raise ValueError(f"tree={tree!r}: expected a Tree, a list of paths, 'chain', 'default' or None")
-    return tree_from_paths(tree)
-
-
-def build_decoder(method: str, backbone, checkpoint_dir: str | None = None, **opts) -> Decoder:
-    """A Decoder for `method`; loads the drafter (and its measured head accuracies, used for the tree unless
-    `tree` is given) from a headstart checkpoint folder when the method needs one. method "draft" without
-    `draft_backbone` takes the draft LM of a DistillSpec checkpoint, frozen, in the target's dtype. Other
-    methods without a trained drafter ignore `checkpoint_dir`."""
-    drafter = None
-    if method == "draft" and opts.get("draft_backbone") is None and checkpoint_dir is not None:
-        from headstart.models.backbone import Backbone
-        from headstart.models.checkpoint import load_drafter
-
-        distilled, meta = load_drafter(checkpoint_dir, backbone)
-        if meta["method"] != "distillspec":
-            raise ValueError(f"{checkpoint_dir} holds a {meta['method']!r} drafter, not a distillspec draft")
-        draft = distilled.draft.to(backbone.dtype)  # served like the target (bf16 on a bf16 target)
-        opts["draft_backbone"] = Backbone(draft, backbone.tokenizer, name=f"distillspec:{checkpoint_dir}")
-    if method in ("medusa", "eagle", "eagle3"):
-        from headstart.models.checkpoint import load_drafter
-
-        if checkpoint_dir is None:
-            raise ValueError(f"method {method!r} needs checkpoint_dir= (a drafter folder written by train/)")
-        drafter, meta = load_drafter(checkpoint_dir, backbone)
-        if meta["method"] != method and {meta["method"], method} != {"eagle", "eagle3"}:
-            raise ValueError(f"{checkpoint_dir} holds a {meta['method']!r} drafter, not {method!r}")
-        if method != "medusa":  # served in the target's dtype (bf16 on a bf16 target), like a draft model
-            drafter = drafter.to_serving_dtype(backbone.dtype)
-        if meta.get("head_topk_accuracy") and "head_accuracy" not in opts:
-            opts["head_accuracy"] = meta["head_topk_accuracy"]
-    return Decoder(backbone, method, drafter, **opts)
+    loaded = checkpoint_dir
+    if loaded is not None and not isinstance(loaded, LoadedDrafter):
+        loaded = LoadedDrafter(*load_drafter(loaded, backbone))
+    if loaded is not None:
+        served = loaded.drafter.serving(backbone, loaded.meta)
+        opts = {**{k: v for k, v in served.items() if v is not None}, **opts}
+    elif method in {m.proposer for m in METHODS.values()} and not {"drafter", "draft_backbone"} & opts.keys():
+        raise ValueError(f"method {method!r} needs checkpoint_dir= (a drafter folder written by train/)")
+    return Decoder(backbone, method, **opts)

@@ -1,0 +1,42 @@
+"""Exports: a trained drafter as Hub-ready folders in the layouts serving engines load, with model cards,
+pushed to the Hub on request. Each method's exporter and layouts are named in the registry
+(models/registry.py): medusa.py (FasterDecoding/Medusa, vLLM), eagle.py (EAGLE-1, EAGLE-3/SGLang, vLLM
+speculators), draft.py (a plain HF causal LM); card.py writes the cards, hub.py pushes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from headstart.models import registry
+from headstart.models.checkpoint import read_meta, resolve_checkpoint
+from headstart.models.export.card import find_report
+from headstart.models.export.hub import push_folder
+
+
+def layouts() -> list[str]:
+    """Every layout any method exports."""
+    return list(dict.fromkeys(layout for m in registry.METHODS.values() for layout in m.layouts))
+
+
+def export(
+    checkpoint: Path,
+    out: Path,
+    layouts: list[str] | None = None,
+    push: str | None = None,
+    private: bool = False,
+) -> list[Path]:
+    """Write `layouts` (empty: every layout of the checkpoint's method) under `out`; push each folder to the
+    Hub repo `push` (suffixed with the folder name when there are several)."""
+    drafter_dir = resolve_checkpoint(Path(checkpoint))
+    meta = read_meta(drafter_dir)
+    method = registry.get(meta["method"])
+    layouts = list(layouts or method.layouts)
+    if wrong := [layout for layout in layouts if layout not in method.layouts]:
+        raise ValueError(
+            f"{drafter_dir} holds a {method.name} drafter, which exports as {list(method.layouts)}, not {wrong}. "
+            "Fix: --layout all (every layout of the method) or one of those"
+        )
+    folders = method.exporter()(drafter_dir, meta, Path(out), layouts, find_report(drafter_dir))
+    for folder in folders if push else []:
+        push_folder(folder, push if len(folders) == 1 else f"{push}-{folder.name}", private)
+    return folders

@@ -18,7 +18,7 @@ import torch
 from headstart.models.backbone import DTYPES, BackboneConfig, load_backbone
 from headstart.models.checkpoint import load_drafter
 from headstart.models.distill import DistillDrafter
-from headstart.models.export.medusa import measured_lines
+from headstart.models.export.card import measured_lines
 
 
 def write_hf_draft(drafter: DistillDrafter, target, folder: Path, dtype: torch.dtype) -> Path:
@@ -86,12 +86,12 @@ def draft_model_card(meta: dict, base_model: str, draft_config: dict, report: di
     return "\n".join(lines) + "\n"
 
 
-def export_distill(drafter_dir: Path, meta: dict, out: Path, report: dict | None = None) -> Path:
-    """A distillspec checkpoint folder -> a standard HF folder in the dtype the target was trained in."""
+def export(drafter_dir: Path, meta: dict, out: Path, layouts: list[str], report: dict | None) -> list[Path]:
+    """A distillspec checkpoint folder -> one standard HF folder (OUT) in the dtype the target was trained in."""
     bb_cfg = BackboneConfig(**meta["backbone"])
     target = load_backbone(BackboneConfig(**{**meta["backbone"], "dtype": "float32"}))
-    drafter, _ = load_drafter(drafter_dir, target)
+    drafter, _ = load_drafter(drafter_dir, target, meta)
     write_hf_draft(drafter, target, out, DTYPES[bb_cfg.dtype])
     base_model = bb_cfg.hub_id or bb_cfg.path
     (Path(out) / "README.md").write_text(draft_model_card(meta, base_model, meta["draft_config"], report))
-    return Path(out)
+    return [Path(out)]

@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from headstart.models.eagle import Eagle3Config, EagleConfig, EagleDrafter
 
-LAYOUTS = {"eagle": ("eagle",), "eagle3": ("eagle3", "speculators")}  # method -> layouts it can be written in
+V1_LAYOUTS, V3_LAYOUTS = ("eagle",), ("eagle3", "speculators")  # what an EAGLE-1 / EAGLE-3 drafter writes
 PREFIX = {"eagle": "layers.0.", "eagle3": "midlayer.", "speculators": "layers.0."}
 
 
@@ -51,7 +51,7 @@ def _llama_config(d: EagleDrafter) -> dict:
 
 def to_layout(d: EagleDrafter, layout: str, base_model: str, verifier_arch: list[str]) -> tuple[dict, dict]:
     """-> (config.json dict, tensors) for `layout`."""
-    if layout not in LAYOUTS["eagle3" if d.v3 else "eagle"]:
+    if layout not in (V3_LAYOUTS if d.v3 else V1_LAYOUTS):
         raise ValueError(f"a {'EAGLE-3' if d.v3 else 'EAGLE-1'} drafter cannot be written as {layout!r}")
     tensors = {}
     for name, value in d.state_dict().items():
@@ -127,18 +127,18 @@ def read_layout(folder: Path, backbone) -> EagleDrafter:
     return d.to(torch.float32)
 
 
-def export_checkpoint(drafter_dir: Path, meta: dict, out: Path) -> list[Path]:
-    """A headstart eagle/eagle3 checkpoint -> OUT/<layout> for every layout of its method, with a model card."""
+def export(drafter_dir: Path, meta: dict, out: Path, layouts: list[str], report: dict | None) -> list[Path]:
+    """A headstart eagle/eagle3 checkpoint -> OUT/<layout> for each layout, with a model card."""
     from headstart.models.backbone import BackboneConfig, load_backbone
     from headstart.models.checkpoint import load_drafter
 
     bb_cfg = BackboneConfig(**{**meta["backbone"], "dtype": "float32"})
     backbone = load_backbone(bb_cfg)
-    drafter, _ = load_drafter(drafter_dir, backbone)
+    drafter, _ = load_drafter(drafter_dir, backbone, meta)
     base = bb_cfg.hub_id or bb_cfg.path
     arch = list(getattr(backbone.config, "architectures", None) or [type(backbone.model).__name__])
     written = []
-    for layout in LAYOUTS[meta["method"]]:
+    for layout in layouts:
         folder = write_layout(drafter, layout, out / layout, base, arch)
         tau = meta.get("eval", {}).get("eval/sim_tau")
         card = [

@@ -70,20 +70,6 @@ def to_vllm(heads: MedusaHeads, base_model: str) -> tuple[dict, dict[str, torch.
     return config, tensors
 
 
-def measured_lines(report: dict | None) -> list[str]:
-    """The model-card section with what the eval stage measured (empty when no report exists)."""
-    if not report:
-        return []
-    return [
-        "",
-        "## Measured in headstart's speculative decoder",
-        "",
-        f"method {report.get('method')}, temperature {report.get('temperature')}, "
-        f"{report.get('prompts')} prompts: tau {report.get('tau', float('nan')):.2f} accepted tokens per "
-        f"target forward, speedup {report.get('speedup', float('nan')):.2f}x over plain decoding.",
-    ]
-
-
 def write_layout(heads: MedusaHeads, layout: str, out: Path, base_model: str) -> Path:
     if layout not in LAYOUTS:
         raise ValueError(f"unknown export layout {layout!r}: expected one of {list(LAYOUTS)}")
@@ -122,3 +108,21 @@ def read_layout(folder: Path) -> MedusaHeads:
                 res.linear.bias.copy_(tensors[name["b"].format(h=h, i=i)])
             heads.lm_heads[h].weight.copy_(tensors[name["lm"].format(h=0 if shared else h)])
     return heads
+
+
+def export(drafter_dir: Path, meta: dict, out: Path, layouts: list[str], report: dict | None) -> list[Path]:
+    """Medusa heads -> OUT/<layout> for each layout (OUT itself for one), each with a model card."""
+    from headstart.models.backbone import BackboneConfig, load_backbone
+    from headstart.models.checkpoint import load_drafter
+    from headstart.models.export.card import medusa_card
+
+    bb_cfg = BackboneConfig(**{**meta["backbone"], "dtype": "float32"})
+    heads, _ = load_drafter(drafter_dir, load_backbone(bb_cfg), meta)
+    base_model = bb_cfg.hub_id or bb_cfg.path
+    written = []
+    for layout in layouts:
+        folder = out / layout if len(layouts) > 1 else out
+        write_layout(heads, layout, folder, base_model)
+        (folder / "README.md").write_text(medusa_card(meta, base_model, layout, report))
+        written.append(folder)
+    return written

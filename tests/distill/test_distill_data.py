@@ -9,10 +9,10 @@ from conftest import tiny_backbone
 
 from headstart.data import collate
 from headstart.data.chat import IGNORE
+from headstart.models import registry
 from headstart.models.checkpoint import build_drafter
 from headstart.models.distill import DistillConfig
 from headstart.train.distill_data import distill_batch, pick_mode, prompts_of
-from headstart.train.methods import STEPS
 
 
 def chat_batch(tok, questions: list[str], answers: list[str]) -> dict:
@@ -92,7 +92,7 @@ def test_a_training_step_moves_the_draft_and_never_the_target():
     batch = chat_batch(target.tokenizer, ["hi", "there"], ["yes yes", "no no no"])
     draft_before = drafter.draft.model.layers[0].mlp.up_proj.weight.clone()
     for step in range(3):
-        loss, count, metrics = STEPS["distillspec"](target, drafter, {**batch, "step": step})
+        loss, count, metrics = registry.get("distillspec").step_fn()(target, drafter, {**batch, "step": step})
         (loss / count).backward()
         opt.step()
         opt.zero_grad()

@@ -67,7 +67,7 @@ def _cfg(ckpt, prompts, out, **kw) -> EvalConfig:
 
 
 def test_report_has_required_keys_and_sane_values(ckpt, prompt_file, tmp_path):
-    from headstart.eval.run import run
+    from headstart.eval.stage import run
 
     report = run(_cfg(ckpt, prompt_file, tmp_path / "out"))
     saved = json.loads((tmp_path / "out" / "report.json").read_text())
@@ -108,7 +108,7 @@ def test_report_has_required_keys_and_sane_values(ckpt, prompt_file, tmp_path):
 
 
 def test_sampling_reports_no_greedy_match(ckpt, prompt_file, tmp_path):
-    from headstart.eval.run import run
+    from headstart.eval.stage import run
 
     report = run(_cfg(ckpt, prompt_file, tmp_path / "out", temperature=0.7, limit_per_category=1, warmup=0))
     assert report["greedy_matches_vanilla"] is None and report["temperature"] == 0.7
@@ -117,7 +117,7 @@ def test_sampling_reports_no_greedy_match(ckpt, prompt_file, tmp_path):
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
 def test_eagle_checkpoints_are_scored(prompt_file, tmp_path, method):
     """Both EAGLE kinds go through the eval stage from their checkpoint (their drafter is loaded)."""
-    from headstart.eval.run import run
+    from headstart.eval.stage import run
     from headstart.models.eagle_config import Eagle3Config, EagleConfig
 
     backbone = load_backbone(VARIED)
@@ -130,7 +130,7 @@ def test_eagle_checkpoints_are_scored(prompt_file, tmp_path, method):
 
 
 def test_run_folder_scores_every_checkpoint_and_marks_best(prompt_file, tmp_path):
-    from headstart.eval.run import run
+    from headstart.eval.stage import run
 
     run_dir = tmp_path / "run"
     save_ckpt(run_dir / "checkpoints" / "step_2" / "drafter")
@@ -155,7 +155,7 @@ def test_run_folder_scores_every_checkpoint_and_marks_best(prompt_file, tmp_path
 def test_checkpoint_for_another_backbone_fails_clearly(prompt_file, tmp_path):
     from conftest import tiny_backbone
 
-    from headstart.eval.run import run
+    from headstart.eval.stage import run
 
     small = tiny_backbone(hidden_size=32, intermediate_size=64)
     default_tiny = BackboneConfig(name="tiny", path="tiny", dtype="float32", tiny={"seed": 0})
@@ -165,7 +165,7 @@ def test_checkpoint_for_another_backbone_fails_clearly(prompt_file, tmp_path):
 
 
 def test_prompt_longer_than_cache_fails_before_decoding(ckpt, prompt_file, tmp_path):
-    from headstart.eval.run import run
+    from headstart.eval.stage import run
 
     with pytest.raises(EvalError, match="max_cache_len=20"):
         run(_cfg(ckpt, prompt_file, tmp_path / "out", max_cache_len=20))

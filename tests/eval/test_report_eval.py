@@ -16,7 +16,7 @@ from omegaconf.errors import ValidationError
 from headstart.eval.config import EvalError, register_configs, to_eval_config
 from headstart.eval.report import best_index, log_wandb, markdown, write_report, write_runs_summary
 from headstart.eval.score import aggregate
-from headstart.train.config import LoggerConfig
+from headstart.tracking import LoggerConfig
 
 CONF = str(Path(__file__).resolve().parents[2] / "conf" / "eval")
 

@@ -6,11 +6,14 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from headstart.data import DataError
-from headstart.train.config import JobConfig, register_configs, to_job
+from headstart.models import registry
+from headstart.models.eagle_config import Eagle3Config
+from headstart.train.config import EntryError, JobConfig, register_configs, to_job
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 register_configs()
@@ -22,7 +25,9 @@ def make(overrides: list[str], name: str = "medusa"):
 
 
 def group_options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+    """YAML files of the group and the options stored from dataclasses (train/config.py)."""
+    stored = {name.removesuffix(".yaml") for name in ConfigStore.instance().repo.get(group, {})}
+    return sorted({p.stem for p in (CONF / group).glob("*.yaml")} | stored)
 
 
 @pytest.mark.parametrize("backbone", group_options("backbone"))
@@ -40,18 +45,48 @@ def test_every_backbone_and_data_option_composes(backbone, data):
 
 @pytest.mark.parametrize("group", ["experiment", "debug", "logger", "optim"])
 def test_every_other_option_composes(group):
+    assert group_options(group)
     for option in group_options(group):
-        # an experiment is for the job config its name starts with (medusa_..., eagle_..., eagle3_...)
-        name = option.split("_")[0] if group == "experiment" else "medusa"
-        job = to_job(make([f"{group}={option}"], name=name))
-        assert job.train.max_steps >= 1 and job.method_name == name
+        # an experiment is for the method its name starts with (medusa_..., eagle_..., eagle3_...), composed
+        # with the config of the entry script that trains it
+        method = option.split("_")[0] if group == "experiment" else "medusa"
+        entry = registry.get(method).entry
+        job = to_job(make([f"{group}={option}"], name=entry), entry)
+        assert job.train.max_steps >= 1 and job.method_name == method
 
 
-@pytest.mark.parametrize("job", sorted(p.stem for p in CONF.glob("*.yaml")))
-def test_every_job_config_composes_with_its_method(job):
-    """Each entry script's top-level config (medusa, and the other drafter kinds) with its default method."""
-    cfg = to_job(make(["backbone=tiny"], name=job))
-    assert cfg.method_name and cfg.method is not None
+@pytest.mark.parametrize("method", sorted(registry.METHODS))
+def test_every_method_composes_with_its_entry_config(method):
+    """`method=<name>` through the config of the script that trains it: the method's own typed schema."""
+    spec = registry.get(method)
+    job = to_job(make(["backbone=tiny", f"method={method}"], name=spec.entry), spec.entry)
+    assert job.method_name == method and type(job.method) is spec.config
+    assert (CONF / "method" / f"{method}.yaml").is_file()
+    assert job.run_dir == f"runs/{method}-tiny-sharegpt"
+
+
+def test_each_entry_config_defaults_to_its_method():
+    for entry, method in [("medusa", "medusa"), ("eagle", "eagle"), ("distill", "distillspec")]:
+        assert to_job(make(["backbone=tiny"], name=entry), entry).method_name == method
+
+
+def test_method_switch_from_an_experiment_and_typed_schema():
+    """No argv sniffing: an experiment's `override /method` gives the method's schema (its keys validate)."""
+    job = to_job(make(["experiment=eagle3_smollm2_selfdistill_cpu"], name="eagle"), "eagle")
+    assert type(job.method) is Eagle3Config and job.method.ttt_steps == 4
+    job = to_job(make(["method=eagle3", "method.ttt_steps=7"], name="eagle"), "eagle")
+    assert job.method.ttt_steps == 7
+    with pytest.raises(ConfigCompositionException):  # EAGLE-1 has no ttt_steps
+        make(["method.ttt_steps=7"], name="eagle")
+
+
+def test_a_method_through_another_entry_script_is_refused():
+    with pytest.raises(EntryError, match=r"train/eagle.py.*launch.sh eagle"):
+        to_job(make(["method=eagle3"], name="medusa"), "medusa")
+
+
+def test_distill_seed_follows_train_seed():
+    assert to_job(make(["train.seed=7"], name="distill"), "distill").method.seed == 7
 
 
 def test_run_dir_is_deterministic_no_timestamps():

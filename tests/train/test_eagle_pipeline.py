@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 
 from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import load_drafter
+from headstart.models.export import export
 from headstart.models.export.eagle import read_layout
-from headstart.train.export import export
 
 from helpers import run_train, train_overrides, write_chat_file
 

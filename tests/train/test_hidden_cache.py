@@ -23,7 +23,7 @@ from headstart.train.hidden_cache import (
     collate_hidden,
     offline_datasets,
 )
-from headstart.train.methods import eagle_step
+from headstart.train.steps import eagle_step
 
 from helpers import run_train, train_overrides, write_chat_file
 

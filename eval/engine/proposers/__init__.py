@@ -1,0 +1,18 @@
+"""Proposers: what a decoding method drafts each step (the `Proposer` protocol in base.py). One module per
+proposer, each with a `make(decoder, **options)` factory; the decoder looks the method up here. Trained
+drafters name the proposer that serves them in the registry (models/registry.py)."""
+
+from __future__ import annotations
+
+PROPOSERS = {  # decoding method -> "module:factory" (imported on first use)
+    "medusa": "headstart.eval.engine.proposers.medusa:make",
+    "eagle": "headstart.eval.engine.proposers.eagle:make",
+    "eagle3": "headstart.eval.engine.proposers.eagle:make",  # the same dynamic tree for EAGLE-3 drafters
+    "draft": "headstart.eval.engine.proposers.draft_model:make",
+    "prompt_lookup": "headstart.eval.engine.proposers.prompt_lookup:make",
+}
+DRAFT = "draft"  # a draft LM proposes (method=draft draft=<model>, or a DistillSpec checkpoint's draft)
+VANILLA = (
+    "vanilla"  # no proposer: one token per target forward (the baseline every speedup is measured against)
+)
+METHODS = (VANILLA, *PROPOSERS)

@@ -16,6 +16,8 @@ from headstart.eval.engine.proposers.base import Draft, Sampling
 from headstart.eval.engine.runner import ModelRunner
 from headstart.eval.engine.tree import chain_tree
 
+DRAFT_TOKENS = 4  # tokens proposed per step
+
 
 def check_same_tokenizer(target, draft) -> None:
     a, b = getattr(target, "tokenizer", None), getattr(draft, "tokenizer", None)
@@ -75,3 +77,16 @@ class DraftModelProposer:
 
     def accepted(self, path: list[int], hidden: torch.Tensor) -> None:
         pass  # the next propose() rolls the draft cache back to what is still valid
+
+
+def make(decoder, draft_backbone=None, num_draft_tokens=None) -> DraftModelProposer:
+    """`draft_backbone`: a Backbone with the target's tokenizer; proposes `num_draft_tokens` (None: 4)."""
+    if draft_backbone is None:
+        raise ValueError("method 'draft' needs draft_backbone= (a Backbone with the same tokenizer)")
+    check_same_tokenizer(decoder.backbone, draft_backbone)
+    draft_backbone.to(decoder.device)
+    k = num_draft_tokens or DRAFT_TOKENS
+    vocab = decoder.backbone.vocab_size
+    return DraftModelProposer(
+        draft_backbone, k, vocab, decoder.device, decoder.max_cache_len, decoder.cuda_graphs
+    )

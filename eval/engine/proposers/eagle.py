@@ -49,6 +49,12 @@ def _install_hooks(backbone, drafter: EagleDrafter, store: dict) -> list:
     return handles
 
 
+# EAGLE-2's dynamic tree as (depth, nodes, top-k): EAGLE-2's own defaults on GPUs. On a CPU each drafter level
+# costs ~1/6 of a SmolLM2-135M forward, so deep trees lose: measured on the dev prompts (1 thread, bf16), the
+# EAGLE-3 drafter went from 1.02x at (4, 8, 8) to 1.18x at (2, 6, 4), EAGLE-1 from 0.82x to 1.01x.
+EAGLE_TREE, CPU_EAGLE_TREE = (5, 60, 10), (2, 6, 4)
+
+
 class EagleProposer:
     def __init__(
         self, drafter: EagleDrafter, backbone, device, depth: int = 5, total_tokens: int = 32, topk: int = 8
@@ -155,3 +161,21 @@ class EagleProposer:
         index = {c: i + 1 for i, c in enumerate(nodes)}
         tree = Tree(tuple([-1] + [index.get(parents[c], 0) for c in nodes]))
         return Draft(torch.tensor([toks[c] for c in nodes], device=self.device), tree)
+
+
+def make(decoder, drafter=None, num_draft_tokens=None, tree_nodes=None, topk=None) -> EagleProposer:
+    """An EAGLE-1 or EAGLE-3 drafter on EAGLE-2's dynamic tree: `tree_nodes` nodes, `num_draft_tokens` levels
+    deep, expanding the `topk` most confident nodes per level (None: EAGLE_TREE on CUDA, CPU_EAGLE_TREE on CPU)."""
+    if drafter is None:
+        raise ValueError(f"method {decoder.method!r} needs drafter= (an EagleDrafter), e.g. build_decoder()")
+    drafter.to(decoder.device)
+    decoder.runner.cuda_graphs = False  # target features are read through hooks, which graph replays skip
+    depth, nodes, width = EAGLE_TREE if decoder.device.type == "cuda" else CPU_EAGLE_TREE
+    return EagleProposer(
+        drafter,
+        decoder.backbone,
+        decoder.device,
+        num_draft_tokens or depth,
+        tree_nodes or nodes,
+        topk or width,
+    )

@@ -7,8 +7,19 @@ from __future__ import annotations
 import torch
 
 from headstart.eval.engine.proposers.base import Draft, Sampling
-from headstart.eval.engine.tree import Tree, check_fits_heads
+from headstart.eval.engine.tree import (
+    Tree,
+    check_fits_heads,
+    default_tree,
+    tree_from_accuracy,
+    tree_from_paths,
+)
 from headstart.models.medusa import MedusaHeads
+
+DEFAULT_TREE_NODES = 63  # Medusa's default budget (mc_sim_7b_63), for GPUs
+# On a CPU a verify forward of 4-8 tokens costs about one step, 16 already ~1.5 steps (SmolLM2-135M, bf16):
+# measured speedup peaked at 3-6 nodes for the CPU-trained heads (tau ~1.4), so CPU runs default to 4.
+CPU_TREE_NODES = 4
 
 
 class MedusaProposer:
@@ -29,3 +40,31 @@ class MedusaProposer:
 
     def accepted(self, path: list[int], hidden: torch.Tensor) -> None:
         self.hidden = hidden[path[-1]].clone()  # (H,) the position that predicted the next root
+
+
+def medusa_tree(tree, num_heads: int, tree_nodes: int, head_accuracy) -> Tree:
+    if isinstance(tree, Tree):
+        return tree
+    if tree == "chain":
+        return tree_from_paths([[0] * d for d in range(1, num_heads + 1)])
+    if tree is None and head_accuracy is not None:
+        return tree_from_accuracy(head_accuracy[:num_heads], tree_nodes)
+    if tree is None or tree == "default":
+        return default_tree(num_heads, tree_nodes)
+    if isinstance(tree, str):
+        raise ValueError(f"tree={tree!r}: expected a Tree, a list of paths, 'chain', 'default' or None")
+    return tree_from_paths(tree)
+
+
+def make(decoder, drafter=None, tree=None, tree_nodes=None, head_accuracy=None) -> MedusaProposer:
+    """`tree`: a Tree, a list of top-k rank paths, "chain" (top-1 of every head), "default" (Medusa's
+    mc_sim_7b_63 cut to `tree_nodes` and to the heads' depth) or None (built from `head_accuracy` if given,
+    else "default"). `tree_nodes`: None = 63 on CUDA, 4 on CPU."""
+    if drafter is None:
+        raise ValueError("method 'medusa' needs drafter= (MedusaHeads), e.g. from build_decoder()")
+    drafter.to(decoder.device)
+    if tree_nodes is None:
+        tree_nodes = DEFAULT_TREE_NODES if decoder.device.type == "cuda" else CPU_TREE_NODES
+    return MedusaProposer(
+        drafter, medusa_tree(tree, len(drafter.blocks), tree_nodes, head_accuracy), decoder.device
+    )

@@ -9,6 +9,8 @@ import torch
 from headstart.eval.engine.proposers.base import Draft, Sampling
 from headstart.eval.engine.tree import chain_tree
 
+DRAFT_TOKENS, MAX_NGRAM = 4, 3
+
 
 def find_candidates(context: torch.Tensor, max_ngram: int, num_tokens: int) -> list[int]:
     """context (T,) long on CPU -> up to `num_tokens` tokens that followed the earliest earlier occurrence of
@@ -45,3 +47,8 @@ class PromptLookupProposer:
 
     def accepted(self, path: list[int], hidden: torch.Tensor) -> None:
         pass
+
+
+def make(decoder, num_draft_tokens=None, max_ngram=None) -> PromptLookupProposer:
+    """Up to `num_draft_tokens` (None: 4) tokens from n-grams of up to `max_ngram` (None: 3)."""
+    return PromptLookupProposer(num_draft_tokens or DRAFT_TOKENS, decoder.device, max_ngram or MAX_NGRAM)

@@ -1,0 +1,183 @@
+"""The eval stage: score drafter checkpoints by measured speedup vs vanilla, tau, acceptance by draft position,
+per category (entry script: eval/run.py).
+
+A checkpoint folder's config.json is read once (`read_meta`); the backbone is rebuilt from it (dtype/device
+overridable), the drafter loaded from the same metadata, and the registry (models/registry.py) says which
+decoder proposer serves it. Each prompt is decoded with vanilla then speculative decoding (interleaved, after a
+warm-up) through the same Decoder; see score.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from headstart.eval.config import EvalConfig, EvalError
+from headstart.eval.engine.decoder import Decoder, build_decoder
+from headstart.eval.engine.proposers import DRAFT, PROPOSERS, VANILLA
+from headstart.eval.prompts import PromptSet, chat_ids, load_prompts
+from headstart.eval.report import log_wandb, write_report, write_runs_summary
+from headstart.eval.score import GenOpts, aggregate, check_fits, score_prompts
+from headstart.models import registry
+from headstart.models.backbone import Backbone, BackboneConfig, load_backbone
+from headstart.models.checkpoint import LoadedDrafter, find_checkpoints, load_drafter, read_meta, step_of
+
+log = logging.getLogger("headstart.eval")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise EvalError(f"device={name} but CUDA is not available here. Fix: device=cpu (or auto)")
+    return torch.device(name)
+
+
+class Evaluator:
+    """Scores checkpoints on one prompt set; backbones are loaded once per distinct spec."""
+
+    def __init__(self, cfg: EvalConfig, prompts: PromptSet) -> None:
+        self.cfg, self.prompts = cfg, prompts
+        self.device = resolve_device(cfg.device)
+        self._backbones: dict[str, Backbone] = {}
+        self.opts = GenOpts(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.seed, cfg.max_cache_len)
+
+    def backbone(self, bcfg: BackboneConfig) -> Backbone:
+        key = json.dumps(asdict(bcfg), sort_keys=True, default=str)
+        if key not in self._backbones:
+            log.info("loading backbone %s (%s, %s) on %s", bcfg.name, bcfg.path, bcfg.dtype, self.device)
+            self._backbones[key] = load_backbone(bcfg, self.device)
+            self._check_prompts_fit(self._backbones[key])
+        return self._backbones[key]
+
+    def _check_prompts_fit(self, backbone: Backbone) -> None:
+        """Fail before hours of decoding, not at the prompt that overflows the cache (first turns only:
+        later turns depend on the answers and are checked as they come)."""
+        for p in self.prompts.prompts:
+            ids = chat_ids(backbone.tokenizer, [{"role": "user", "content": p.turns[0]}])
+            check_fits(len(ids), self.opts, f"prompt {p.question_id!r}")
+
+    def decoders(self, ckpt: Path, meta: dict, backbone: Backbone, bcfg: BackboneConfig):
+        """(decoding method, vanilla decoder, speculative decoder) for the checkpoint `meta` was read from."""
+        cfg = self.cfg
+        trained = registry.get(meta["method"])
+        method = cfg.method or trained.proposer  # empty: the proposer that serves the trained drafter
+        # the checkpoint's drafter is used by its own proposer, unless method=draft names another draft model
+        own = PROPOSERS[trained.proposer]
+        uses_drafter = PROPOSERS.get(method) == own and not cfg.draft
+        serves_drafters = {PROPOSERS[m.proposer] for m in registry.METHODS.values()}
+        if PROPOSERS.get(method) in serves_drafters - {own} and not cfg.draft:
+            raise EvalError(
+                f"method={method} but {ckpt} holds a {trained.name} drafter (served by {trained.proposer}). "
+                "Fix: method= (empty)"
+            )
+        options = {"num_draft_tokens": cfg.num_draft_tokens, "tree": cfg.tree, "tree_nodes": cfg.tree_nodes}
+        opts = {"max_cache_len": cfg.max_cache_len, "topk": cfg.topk or None}
+        opts |= {k: v or None for k, v in options.items()}
+        if cfg.draft:  # an HF draft model named on the command line
+            dcfg = BackboneConfig(name="draft", path=cfg.draft, dtype=bcfg.dtype)
+            opts["draft_backbone"] = self.backbone(dcfg)
+        loaded = LoadedDrafter(*load_drafter(ckpt, backbone, meta)) if uses_drafter else None
+        vanilla = Decoder(backbone, VANILLA, max_cache_len=cfg.max_cache_len)
+        spec = build_decoder(method, backbone, loaded, **{k: v for k, v in opts.items() if v is not None})
+        return method, vanilla, spec
+
+    def evaluate(self, ckpt: Path, out_dir: Path) -> dict:
+        cfg = self.cfg
+        meta = read_meta(ckpt)
+        bcfg = BackboneConfig(**meta["backbone"])
+        if cfg.dtype:
+            bcfg = replace(bcfg, dtype=cfg.dtype)
+        backbone = self.backbone(bcfg)
+        method, vanilla, spec = self.decoders(ckpt, meta, backbone, bcfg)
+        n = len(self.prompts.prompts)
+        log.info("scoring %s (%s) on %d prompts -> %s", ckpt, method, n, out_dir)
+        with tqdm(total=n, desc=f"eval {method} vs vanilla", unit="prompt") as bar:
+            records = score_prompts(
+                vanilla,
+                spec,
+                backbone,
+                self.prompts.prompts,
+                self.opts,
+                cfg.warmup,
+                on_prompt=lambda i, total: bar.update(i - bar.n),
+            )
+        report = {
+            "method": method,
+            "backbone": {**asdict(bcfg), "fingerprint": backbone.fingerprint()},
+            "checkpoint": str(ckpt),
+            **({"draft": cfg.draft or str(ckpt)} if method == DRAFT else {}),  # which draft LM proposed
+            "step": step_of(ckpt, meta),
+            "temperature": cfg.temperature,
+            "top_p": cfg.top_p,
+            "max_new_tokens": cfg.max_new_tokens,
+            "device": str(self.device),
+            "dtype": bcfg.dtype,
+            "warmup_prompts": min(cfg.warmup, n),
+            "prompts": {
+                "file": self.prompts.path,
+                "n": n,
+                "categories": self.prompts.categories,
+                "bad_rows": self.prompts.bad_rows,
+                "bad_examples": self.prompts.bad_examples,
+            },
+            **aggregate(records, greedy=cfg.temperature == 0),
+        }
+        figures = write_report(out_dir, report, records)
+        log.info("%s: tau %.3f, speedup %.3fx", ckpt, report["tau"] or 0, report["speedup"] or 0)
+        return {"report": report, "figures": figures}
+
+
+def score_run_dir(ev: Evaluator, checkpoints: list[Path], root: Path, out: Path) -> tuple[dict, dict]:
+    """Score every checkpoint under `root` into out/<its relative path>; mark the best. -> summary, W&B payload."""
+    entries, figures = [], {}
+    for ckpt in checkpoints:
+        sub = out / ckpt.relative_to(root)
+        res = ev.evaluate(ckpt, sub)
+        r = res["report"]
+        entries.append({"checkpoint": str(ckpt), "step": r["step"], "tau": r["tau"], "speedup": r["speedup"],
+                        "efficiency": r["efficiency"], "report": str(sub / "report.json")})  # fmt: skip
+        figures[str(ckpt)] = res["figures"]
+    summary = write_runs_summary(out, entries)
+    best = next(e for e in summary["checkpoints"] if e["best"])
+    log.info("best: %s (speedup %.3fx, tau %.3f)", best["checkpoint"], best["speedup"] or 0, best["tau"] or 0)
+    rows = summary["checkpoints"]
+    payload = {
+        "history": [{"eval/tau": e["tau"], "eval/speedup": e["speedup"], "train/step": e["step"]} for e in rows],
+        "table": (["checkpoint", "step", "tau", "speedup", "best"],
+                  [[e["checkpoint"], e["step"], e["tau"], e["speedup"], e["best"]] for e in rows]),
+        "figures": {"tau_vs_step": out / "tau_vs_step.png", **figures[best["checkpoint"]]},
+    }  # fmt: skip
+    return summary, payload
+
+
+def run(cfg: EvalConfig) -> dict:
+    """Score one checkpoint, or every checkpoint of a run folder; returns the report (or the runs summary)."""
+    checkpoints = find_checkpoints(cfg.checkpoint)
+    prompts = load_prompts(cfg.prompts, cfg.limit_per_category)
+    if prompts.bad_rows:
+        log.warning(
+            "%s: skipped %d bad rows, e.g. %s", prompts.path, prompts.bad_rows, prompts.bad_examples[0]
+        )
+    ev, out = Evaluator(cfg, prompts), Path(cfg.out_dir)
+    if checkpoints == [Path(cfg.checkpoint)]:
+        res = ev.evaluate(checkpoints[0], out)
+        summary = r = res["report"]
+        payload = {
+            "history": [{"eval/tau": r["tau"], "eval/speedup": r["speedup"], "eval/efficiency": r["efficiency"]}],
+            "table": (["category", "n", "tau", "speedup"],
+                      [[k, c["n"], c["tau"], c["speedup"]] for k, c in r["categories"].items()]),
+            "figures": res["figures"],
+        }  # fmt: skip
+    else:
+        summary, payload = score_run_dir(ev, checkpoints, Path(cfg.checkpoint), out)
+    if cfg.logger.kind == "wandb":
+        keys = ("checkpoint", "prompts", "method", "temperature", "max_new_tokens", "limit_per_category")
+        config = {k: getattr(cfg, k) for k in keys}
+        log_wandb(cfg.logger, out, f"eval-{out.name}", config, **payload)
+    return summary

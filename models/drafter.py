@@ -1,0 +1,43 @@
+"""What the training loop, the checkpoint code and the decoder rely on in a drafter, instead of probing it with
+`hasattr`. `DrafterBase` gives the defaults; a method overrides only what it uses.
+
+    init_from_data(dataset) -> dict   once before training (EAGLE-3: the draft vocabulary from the labels)
+    feature_cache() -> (layers, dtype) | None
+                                      the backbone layers (and dtype) an offline feature cache must hold; None:
+                                      the drafter reads no cached features
+    checkpoint_meta() -> dict         saved beside the weights (DistillSpec: the draft's HF config)
+    serving(backbone, meta, live)     the Decoder keyword arguments that serve this drafter
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from torch import nn
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    def feature_cache(self) -> tuple[tuple[int, ...], str] | None: ...
+
+    def init_from_data(self, dataset) -> dict: ...
+
+    def checkpoint_meta(self) -> dict: ...
+
+    def serving(self, backbone, meta: dict | None = None, live: bool = False) -> dict[str, Any]: ...
+
+
+class DrafterBase(nn.Module):
+    def feature_cache(self) -> tuple[tuple[int, ...], str] | None:
+        return None
+
+    def init_from_data(self, dataset) -> dict:
+        return {}
+
+    def checkpoint_meta(self) -> dict:
+        return {}
+
+    def serving(self, backbone, meta: dict | None = None, live: bool = False) -> dict[str, Any]:
+        """Decoder kwargs. `live`: the drafter is being trained (quick eval): serve it as it is, in its own
+        dtype, without freezing it. `meta`: the checkpoint's config.json when loaded from one."""
+        return {"drafter": self}
