@@ -23,7 +23,7 @@ from headstart.eval.config import DEFAULT_PROMPTS
 from headstart.eval.prompts import chat_ids, load_prompts
 from headstart.eval.score import quick_eval
 from headstart.models.backbone import BackboneConfig, load_backbone
-from headstart.models.checkpoint import find_checkpoints, load_drafter, read_meta, step_of
+from headstart.models.checkpoint import find_checkpoints, load_drafter, step_of
 
 
 def pearson(a: np.ndarray, b: np.ndarray) -> float | None:
@@ -59,8 +59,7 @@ def compare(runs: list[str], prompt_file: str, per_category: int, tokens: int, o
     written to `out` (json, md, png)."""
     rows, backbones = [], {}
     for run in runs:
-        for ckpt in find_checkpoints(run):
-            meta = read_meta(ckpt)
+        for ckpt, meta in find_checkpoints(run).items():
             sim = (meta.get("eval") or {}).get("eval/sim_tau")
             if any(r["run"] == run and r["step"] == step_of(ckpt, meta) for r in rows):
                 continue  # the run's final drafter/ is its last checkpoint again
@@ -76,7 +75,7 @@ def compare(runs: list[str], prompt_file: str, per_category: int, tokens: int, o
                 ]
                 backbones[key] = target, [chat_ids(target.tokenizer, m) for m in msgs]
             target, prompts = backbones[key]
-            drafter = load_drafter(ckpt, target)[0].to_serving_dtype(target.dtype)
+            drafter = load_drafter(ckpt, target, meta)[0].to_serving_dtype(target.dtype)
             depth = meta["method_config"].get("sim_steps", 4)
             chain = {"num_draft_tokens": depth, "tree_nodes": depth, "topk": 1}
             row = {

@@ -1,7 +1,7 @@
 """The eval stage: score drafter checkpoints by measured speedup vs vanilla, tau, acceptance by draft position,
 per category (entry script: eval/run.py).
 
-A checkpoint folder's config.json is read once (`read_meta`); the backbone is rebuilt from it (dtype/device
+A checkpoint folder's config.json is read once (`find_checkpoints`); the backbone is rebuilt from it (dtype/device
 overridable), the drafter loaded from the same metadata, and the registry (models/registry.py) says which
 decoder proposer serves it. Each prompt is decoded with vanilla then speculative decoding (interleaved, after a
 warm-up) through the same Decoder; see score.py.
@@ -25,7 +25,7 @@ from headstart.eval.report import log_wandb, write_report, write_runs_summary
 from headstart.eval.score import GenOpts, aggregate, check_fits, score_prompts
 from headstart.models import registry
 from headstart.models.backbone import Backbone, BackboneConfig, load_backbone
-from headstart.models.checkpoint import LoadedDrafter, find_checkpoints, load_drafter, read_meta, step_of
+from headstart.models.checkpoint import LoadedDrafter, find_checkpoints, load_drafter, step_of
 
 log = logging.getLogger("headstart.eval")
 
@@ -87,9 +87,9 @@ class Evaluator:
         spec = build_decoder(method, backbone, loaded, **{k: v for k, v in opts.items() if v is not None})
         return method, vanilla, spec
 
-    def evaluate(self, ckpt: Path, out_dir: Path) -> dict:
+    def evaluate(self, ckpt: Path, meta: dict, out_dir: Path) -> dict:
+        """Score the checkpoint `ckpt` whose config.json is `meta`."""
         cfg = self.cfg
-        meta = read_meta(ckpt)
         bcfg = BackboneConfig(**meta["backbone"])
         if cfg.dtype:
             bcfg = replace(bcfg, dtype=cfg.dtype)
@@ -133,12 +133,12 @@ class Evaluator:
         return {"report": report, "figures": figures}
 
 
-def score_run_dir(ev: Evaluator, checkpoints: list[Path], root: Path, out: Path) -> tuple[dict, dict]:
+def score_run_dir(ev: Evaluator, checkpoints: dict[Path, dict], root: Path, out: Path) -> tuple[dict, dict]:
     """Score every checkpoint under `root` into out/<its relative path>; mark the best. -> summary, W&B payload."""
     entries, figures = [], {}
-    for ckpt in checkpoints:
+    for ckpt, meta in checkpoints.items():
         sub = out / ckpt.relative_to(root)
-        res = ev.evaluate(ckpt, sub)
+        res = ev.evaluate(ckpt, meta, sub)
         r = res["report"]
         entries.append({"checkpoint": str(ckpt), "step": r["step"], "tau": r["tau"], "speedup": r["speedup"],
                         "efficiency": r["efficiency"], "report": str(sub / "report.json")})  # fmt: skip
@@ -165,8 +165,8 @@ def run(cfg: EvalConfig) -> dict:
             "%s: skipped %d bad rows, e.g. %s", prompts.path, prompts.bad_rows, prompts.bad_examples[0]
         )
     ev, out = Evaluator(cfg, prompts), Path(cfg.out_dir)
-    if checkpoints == [Path(cfg.checkpoint)]:
-        res = ev.evaluate(checkpoints[0], out)
+    if list(checkpoints) == [Path(cfg.checkpoint)]:
+        res = ev.evaluate(Path(cfg.checkpoint), checkpoints[Path(cfg.checkpoint)], out)
         summary = r = res["report"]
         payload = {
             "history": [{"eval/tau": r["tau"], "eval/speedup": r["speedup"], "eval/efficiency": r["efficiency"]}],

@@ -137,15 +137,17 @@ def resolve_checkpoint(path: str | Path) -> Path:
     return path / DRAFTER_DIR if (path / DRAFTER_DIR / CONFIG_NAME).is_file() else path
 
 
-def is_checkpoint(p: Path) -> bool:
-    """A drafter folder: weights plus a headstart config.json (not, e.g., an HF model folder in the run)."""
+def checkpoint_meta(p: Path) -> dict | None:
+    """The config.json of a drafter folder (weights plus a headstart config.json), None for anything else
+    (e.g. an HF model folder in the run)."""
     if not (p / WEIGHTS_NAME).is_file():
-        return False
+        return None
     try:
         meta = json.loads((p / CONFIG_NAME).read_text())
     except (OSError, ValueError):
-        return False
-    return isinstance(meta, dict) and {"method", "backbone", "backbone_fingerprint"} <= meta.keys()
+        return None
+    ok = isinstance(meta, dict) and {"method", "backbone", "backbone_fingerprint"} <= meta.keys()
+    return meta if ok else None
 
 
 def step_of(path: Path, meta: dict) -> int | None:
@@ -157,19 +159,21 @@ def step_of(path: Path, meta: dict) -> int | None:
     return found[-1] if found else None
 
 
-def find_checkpoints(path: str | Path) -> list[Path]:
-    """A checkpoint folder itself, or every checkpoint folder under a run folder (half-written ones skipped)."""
+def find_checkpoints(path: str | Path) -> dict[Path, dict]:
+    """{folder: its config.json} for a checkpoint folder itself, or for every checkpoint folder under a run
+    folder (half-written `*.tmp*` ones skipped), in path order."""
     root = Path(path)
     if not root.is_dir():
         raise CheckpointError(
             f"checkpoint={path}: no such folder. Fix: checkpoint=runs/<run>/{DRAFTER_DIR} or a run folder"
         )
-    if is_checkpoint(root):
-        return [root]
-    half_written = lambda p: any(".tmp" in part for part in p.relative_to(root).parts)  # noqa: E731
-    found = sorted(
-        p.parent for p in root.rglob(CONFIG_NAME) if is_checkpoint(p.parent) and not half_written(p)
-    )
+    if (meta := checkpoint_meta(root)) is not None:
+        return {root: meta}
+    found = {}
+    for config in sorted(root.rglob(CONFIG_NAME)):
+        if not any(".tmp" in part for part in config.parent.relative_to(root).parts):
+            if (meta := checkpoint_meta(config.parent)) is not None:
+                found[config.parent] = meta
     if not found:
         raise CheckpointError(
             f"checkpoint={path} holds no drafter checkpoint (a folder with {CONFIG_NAME} + {WEIGHTS_NAME}). "

@@ -211,3 +211,20 @@ def test_cli_bad_input_is_one_clear_line(args, expect, code, tmp_path):
     assert expect in res.stderr
     if code == 2:
         assert "Traceback" not in res.stderr and res.stderr.strip().startswith("error:")
+
+
+def test_a_checkpoint_walk_reads_its_config_once(ckpt, prompt_file, tmp_path, monkeypatch):
+    """eval/run.py -> stage -> decoder reads a checkpoint's config.json once (no second look at the folder)."""
+    from headstart.eval.stage import run
+
+    reads = []
+    read_text = Path.read_text
+
+    def counting(self, *a, **kw):
+        if self.name == "config.json" and self.parent == ckpt:
+            reads.append(self)
+        return read_text(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "read_text", counting)
+    run(_cfg(ckpt, prompt_file, tmp_path / "out", limit_per_category=1))
+    assert len(reads) == 1
