@@ -171,9 +171,9 @@ def find_checkpoints(path: str | Path) -> dict[Path, dict]:
         return {root: meta}
     found = {}
     for config in sorted(root.rglob(CONFIG_NAME)):
-        if not any(".tmp" in part for part in config.parent.relative_to(root).parts):
-            if (meta := checkpoint_meta(config.parent)) is not None:
-                found[config.parent] = meta
+        half_written = any(".tmp" in part for part in config.parent.relative_to(root).parts)
+        if not half_written and (meta := checkpoint_meta(config.parent)) is not None:
+            found[config.parent] = meta
     if not found:
         raise CheckpointError(
             f"checkpoint={path} holds no drafter checkpoint (a folder with {CONFIG_NAME} + {WEIGHTS_NAME}). "
