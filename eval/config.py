@@ -12,6 +12,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 import headstart.data
+from headstart.eval.timing import TimingConfig, TimingError
 from headstart.models.backbone import DTYPES
 from headstart.train.config import LoggerConfig
 
@@ -49,6 +50,8 @@ class EvalConfig:
     draft: str = ""  # method=draft: the draft model (Hub id, folder or .gguf), same tokenizer as the target
     warmup: int = 1  # prompts decoded untimed (both paths) before measuring
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    # interleaved rounds, stopping rule, physical checks, CPU threads (eval/timing.py): timing.budget_s=0 for one pass
+    timing: TimingConfig = field(default_factory=TimingConfig)
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -89,5 +92,5 @@ def to_eval_config(cfg: DictConfig) -> EvalConfig:
         return OmegaConf.to_object(cfg)
     except EvalError:
         raise
-    except ValueError as e:  # a nested schema's range check (logger.kind=...)
+    except (TimingError, ValueError) as e:  # a nested schema's range check (logger.kind=...)
         raise EvalError(str(e)) from e

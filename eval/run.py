@@ -145,7 +145,7 @@ class Evaluator:
         n = len(self.prompts.prompts)
         log.info("scoring %s (%s) on %d prompts -> %s", ckpt, method, n, out_dir)
         with tqdm(total=n, desc=f"eval {method} vs vanilla", unit="prompt") as bar:
-            records = score_prompts(
+            records, timing = score_prompts(
                 vanilla,
                 spec,
                 backbone,
@@ -153,6 +153,7 @@ class Evaluator:
                 self.opts,
                 cfg.warmup,
                 on_prompt=lambda i, total: bar.update(i - bar.n),
+                timing=cfg.timing,
             )
         report = {
             "method": method,
@@ -173,10 +174,14 @@ class Evaluator:
                 "bad_rows": self.prompts.bad_rows,
                 "bad_examples": self.prompts.bad_examples,
             },
-            **aggregate(records, greedy=cfg.temperature == 0),
+            **aggregate(records, greedy=cfg.temperature == 0, timing=timing),
+            "timing": timing,  # pairs, rounds, step costs, bound, flags, threads and load (eval/timing.py)
         }
         figures = write_report(out_dir, report, records)
-        log.info("%s: tau %.3f, speedup %.3fx", ckpt, report["tau"] or 0, report["speedup"] or 0)
+        log.info("%s: tau %.3f, speedup %.3fx %s", ckpt, report["tau"] or 0, report["speedup"] or 0,
+                 report["speedup_ci"])  # fmt: skip
+        for flag in report["speedup_flags"]:
+            log.warning("%s: speedup flagged, not used to rank: %s", ckpt, flag)
         return {"report": report, "figures": figures}
 
 
@@ -188,7 +193,9 @@ def score_run_dir(ev: Evaluator, checkpoints: list[Path], root: Path, out: Path)
         res = ev.evaluate(ckpt, sub)
         r = res["report"]
         entries.append({"checkpoint": str(ckpt), "step": r["step"], "tau": r["tau"], "speedup": r["speedup"],
-                        "efficiency": r["efficiency"], "report": str(sub / "report.json")})  # fmt: skip
+                        "speedup_ci": r["speedup_ci"], "predicted_speedup": r["predicted_speedup"],
+                        "flags": r["speedup_flags"], "efficiency": r["efficiency"],
+                        "report": str(sub / "report.json")})  # fmt: skip
         figures[str(ckpt)] = res["figures"]
     summary = write_runs_summary(out, entries)
     best = next(e for e in summary["checkpoints"] if e["best"])

@@ -17,8 +17,18 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from headstart.eval.bounds import check, predict, step_costs, verify_shape
 from headstart.eval.config import EvalError
 from headstart.eval.prompts import Prompt, chat_ids
+from headstart.eval.timing import (
+    Interleaved,
+    Sample,
+    TimingConfig,
+    choose_threads,
+    conditions,
+    finish_conditions,
+    summarize,
+)
 
 
 @dataclass
@@ -52,6 +62,22 @@ def check_fits(n_prompt: int, opts: GenOpts, where: str) -> None:
         )
 
 
+def _decode(decoder, ids: list[int], opts: GenOpts, seed: int, eos: list[int], device) -> dict:
+    """One timed generate() -> {tokens, stats (DecodeStats), wall_s}."""
+    _sync(device)
+    start = time.perf_counter()
+    out = decoder.generate(
+        ids, opts.max_new_tokens, temperature=opts.temperature, top_p=opts.top_p, seed=seed, eos_token_ids=eos
+    )
+    _sync(device)
+    return {"tokens": list(out.tokens), "stats": out.stats, "wall_s": time.perf_counter() - start}
+
+
+def _sample(turn: dict) -> Sample:
+    st = turn["stats"]
+    return Sample(len(turn["tokens"]), turn["wall_s"], st.target_forwards + 1, dict(st.time_s))
+
+
 def answer(decoder, backbone, prompt: Prompt, opts: GenOpts, seed: int) -> list[dict]:
     """Answer every turn of `prompt`; each answer becomes the assistant message before the next user turn.
     Returns one dict per turn: tokens, stats (DecodeStats), wall_s."""
@@ -62,20 +88,10 @@ def answer(decoder, backbone, prompt: Prompt, opts: GenOpts, seed: int) -> list[
         messages.append({"role": "user", "content": user})
         ids = chat_ids(tok, messages)
         check_fits(len(ids), opts, f"prompt {prompt.question_id!r} turn {t + 1}")
-        _sync(device)
-        start = time.perf_counter()
-        out = decoder.generate(
-            ids,
-            opts.max_new_tokens,
-            temperature=opts.temperature,
-            top_p=opts.top_p,
-            seed=seed + t,
-            eos_token_ids=eos,
+        turns.append(_decode(decoder, ids, opts, seed + t, eos, device))
+        messages.append(
+            {"role": "assistant", "content": tok.decode(turns[-1]["tokens"], skip_special_tokens=True)}
         )
-        _sync(device)
-        wall = time.perf_counter() - start
-        turns.append({"tokens": list(out.tokens), "stats": out.stats, "wall_s": wall})
-        messages.append({"role": "assistant", "content": tok.decode(out.tokens, skip_special_tokens=True)})
     return turns
 
 
@@ -111,17 +127,48 @@ def summarize_turns(turns: list[dict]) -> dict:
 
 
 def score_prompts(
-    vanilla, spec, backbone, prompts: list[Prompt], opts: GenOpts, warmup: int = 1, on_prompt=None
-) -> list[dict]:
-    """Interleaved per prompt: vanilla, then spec, same decoder code path. One record per prompt."""
+    vanilla,
+    spec,
+    backbone,
+    prompts: list[Prompt],
+    opts: GenOpts,
+    warmup: int = 1,
+    on_prompt=None,
+    timing: TimingConfig | None = None,
+) -> tuple[list[dict], dict]:
+    """Vanilla and spec decoding turn by turn, the order alternating (eval/timing.py), each side continuing
+    its own conversation; then the turns re-timed in rounds until the median ratio is pinned down, and the
+    figure checked against the step costs (eval/bounds.py). -> one record per prompt (tokens and stats of
+    the first pass), the timing report (ratios per unit, costs, checks, conditions)."""
+    timing = timing or TimingConfig()
+    tok, eos, device = backbone.tokenizer, eos_token_ids(backbone), backbone.device
+    threads = choose_threads(timing.threads) if device.type == "cpu" else None
+    cond = conditions(device, str(backbone.dtype).removeprefix("torch."))
+    decoders = {"vanilla": vanilla, "spec": spec}
     for p in prompts[:warmup]:  # untimed: kernels, allocator and caches warm on both paths
         short = replace(opts, max_new_tokens=min(opts.max_new_tokens, 16))
         answer(vanilla, backbone, Prompt(p.question_id, p.category, p.turns[:1]), short, opts.seed)
         answer(spec, backbone, Prompt(p.question_id, p.category, p.turns[:1]), short, opts.seed)
-    records = []
+    timer = Interleaved(["vanilla", "spec"], "vanilla", timing)
+    units, records = [], []
     for i, p in enumerate(prompts):
         seed = opts.seed + 1000 * i
-        v, s = answer(vanilla, backbone, p, opts, seed), answer(spec, backbone, p, opts, seed)
+        messages: dict[str, list] = {"vanilla": [], "spec": []}
+        turns: dict[str, list] = {"vanilla": [], "spec": []}
+        for t, user in enumerate(p.turns):
+            ids = {}
+            for side in decoders:
+                messages[side].append({"role": "user", "content": user})
+                ids[side] = chat_ids(tok, messages[side])
+                check_fits(len(ids[side]), opts, f"prompt {p.question_id!r} turn {t + 1}")
+            units.append({"prompt": i, "turn": t, "ids": ids, "seed": seed + t})
+            for side in timer.order(len(units) - 1, 0):
+                turns[side].append(_decode(decoders[side], ids[side], opts, seed + t, eos, device))
+            timer.add(len(units) - 1, 0, {side: _sample(turns[side][-1]) for side in decoders})
+            for side in decoders:
+                text = tok.decode(turns[side][-1]["tokens"], skip_special_tokens=True)
+                messages[side].append({"role": "assistant", "content": text})
+        v, s = turns["vanilla"], turns["spec"]
         records.append(
             {
                 "question_id": p.question_id,
@@ -129,12 +176,46 @@ def score_prompts(
                 "match": all(a["tokens"] == b["tokens"] for a, b in zip(v, s)),
                 "vanilla": summarize_turns(v),
                 "spec": summarize_turns(s),
-                "answers": [backbone.tokenizer.decode(t["tokens"], skip_special_tokens=True) for t in s],
+                "answers": [tok.decode(t["tokens"], skip_special_tokens=True) for t in s],
             }
         )
         if on_prompt is not None:
             on_prompt(i + 1, len(prompts))
-    return records
+
+    def rerun(side: str, u: int) -> Sample:
+        unit = units[u]
+        return _sample(_decode(decoders[side], unit["ids"][side], opts, unit["seed"], eos, device))
+
+    timer.run(rerun, len(units))
+    context = sorted(units, key=lambda u: len(u["ids"]["vanilla"]))[len(units) // 2]["ids"]["vanilla"]
+    context = (context * 2)[: len(context) + opts.max_new_tokens // 2]  # a mid-answer cache length
+    shapes = {"vanilla": verify_shape(vanilla), "spec": verify_shape(spec)}
+    tau = _tau(records)
+    for attempt in range(2):  # a figure that fails a check is re-measured once, then flagged
+        costs = step_costs(backbone, shapes, context, timing.cost_reps)
+        pred = predict(timer, costs)
+        speedup = timer.summary("spec")["median"]
+        checks = check(speedup, tau, costs, pred, len(timer.outliers) / len(timer.samples), timing.bound_tol)
+        if not checks["flags"] or attempt:
+            break
+        rnd = timer.n_rounds()  # one more round of every unit, its outliers re-timed
+        for u in range(len(units)):
+            timer.time_unit(rerun, u, rnd)
+        timer.retime_outliers(rerun, time.perf_counter() + timing.budget_s)
+        timer.rounds = timer.n_rounds()
+    unit_of = {u: (x["prompt"], x["turn"]) for u, x in enumerate(units)}
+    report = {
+        **timer.report(),
+        "units": [
+            {"prompt": p, "turn": t, "ratios": timer.ratios("spec", {u})} for u, (p, t) in unit_of.items()
+        ],
+        "step_ms": {k: 1000 * c for k, c in costs.items()},
+        "verify_width": shapes["spec"][0],
+        **pred,
+        **checks,
+        "conditions": {**finish_conditions(cond), "threads_chosen": threads},
+    }
+    return records, report
 
 
 def _rate(tokens: float, seconds: float) -> float:
@@ -164,8 +245,17 @@ def _speedup(records: list[dict]) -> float | None:
     return _ratio(_tps(records, "spec"), _tps(records, "vanilla"))
 
 
-def aggregate(records: list[dict], greedy: bool) -> dict:
-    """Records of `score_prompts` -> the report's metrics (totals over prompts, then per category)."""
+def _unit_ratios(records: list[dict], timing: dict | None) -> list[tuple[int, float]]:
+    """(record index, spec/vanilla rate ratio) per timed pair; without a timing report, one per record."""
+    if timing is not None:
+        return [(u["prompt"], x) for u in timing["units"] for x in u["ratios"]]
+    return [(i, x) for i, r in enumerate(records) if (x := _speedup([r])) is not None]
+
+
+def aggregate(records: list[dict], greedy: bool, timing: dict | None = None) -> dict:
+    """Records (and the timing report) of `score_prompts` -> the report's metrics. speedup = median of the
+    per-turn, per-round ratios (eval/timing.py) with its 95% CI and IQR; tau and acceptance are totals over
+    the first pass. A flagged speedup (timing["flags"]) is reported but never ranks a checkpoint."""
     fwd = sum(r["spec"]["target_forwards"] for r in records)
     accepted, proposed, times = [], [], {}
     for r in records:
@@ -174,14 +264,15 @@ def aggregate(records: list[dict], greedy: bool) -> dict:
         for k, t in r["spec"]["time_s"].items():
             times[k] = times.get(k, 0.0) + t
     total = times.get("total") or sum(t for k, t in times.items() if k != "total")
-    tau, speedup = _tau(records), _speedup(records)
-    per_prompt = [x for r in records if (x := _speedup([r])) is not None]
+    ratios = _unit_ratios(records, timing)
+    spread = summarize([x for _, x in ratios])
+    tau, speedup = _tau(records), spread["median"]
     categories = {}
     for name in sorted({r["category"] for r in records}):
         sub = [r for r in records if r["category"] == name]
         categories[name] = {
             "tau": _tau(sub),
-            "speedup": _speedup(sub),
+            "speedup": summarize([x for i, x in ratios if records[i]["category"] == name])["median"],
             "n": len(sub),
             "tokens_per_s": {"vanilla": _tps(sub, "vanilla"), "spec": _tps(sub, "spec")},
         }
@@ -192,9 +283,13 @@ def aggregate(records: list[dict], greedy: bool) -> dict:
 
     return {
         "tau": tau,
-        "speedup": speedup,
-        # median of per-prompt speedups: robust to a busy machine slowing a few prompts (each pair is interleaved)
-        "speedup_median": float(np.median(per_prompt)) if per_prompt else None,
+        "speedup": speedup,  # median over interleaved pairs, robust to load that hits a few of them
+        "speedup_ci": spread["ci"],  # 95%, distribution-free
+        "speedup_iqr": spread["iqr"],
+        "speedup_pairs": spread["n"],
+        "speedup_of_totals": _speedup(records),  # Spec-Bench's ratio of total rates, first pass only
+        "speedup_flags": list(timing["flags"]) if timing else [],  # non-empty: never used to rank
+        "predicted_speedup": timing["predicted_speedup"] if timing else None,
         "efficiency": _ratio(speedup, tau) if speedup is not None else None,  # speedup per accepted token
         "tokens_per_s": {"vanilla": _tps(records, "vanilla"), "spec": _tps(records, "spec")},
         "new_tokens": {side: sum(r[side]["new_tokens"] for r in records) for side in ("vanilla", "spec")},
