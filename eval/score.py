@@ -141,8 +141,18 @@ def score_prompts(
     figure checked against the step costs (eval/bounds.py). -> one record per prompt (tokens and stats of
     the first pass), the timing report (ratios per unit, costs, checks, conditions)."""
     timing = timing or TimingConfig()
+    threads_before = torch.get_num_threads()
+    try:  # the thread count is this eval's choice; the caller's is restored afterwards
+        threads = choose_threads(timing.threads) if backbone.device.type == "cpu" else None
+        return _score(vanilla, spec, backbone, prompts, opts, warmup, on_prompt, timing, threads)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _score(
+    vanilla, spec, backbone, prompts, opts, warmup, on_prompt, timing, threads
+) -> tuple[list[dict], dict]:
     tok, eos, device = backbone.tokenizer, eos_token_ids(backbone), backbone.device
-    threads = choose_threads(timing.threads) if device.type == "cpu" else None
     cond = conditions(device, str(backbone.dtype).removeprefix("torch."))
     decoders = {"vanilla": vanilla, "spec": spec}
     for p in prompts[:warmup]:  # untimed: kernels, allocator and caches warm on both paths

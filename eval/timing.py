@@ -85,8 +85,8 @@ def usable_cores() -> int:
 
 
 def choose_threads(requested: int = 0) -> int:
-    """Intra-op threads for a CPU run: `requested`, else the cores not busy right now (at least 1).
-    Sets torch's thread count and returns it."""
+    """Intra-op threads for a CPU run: `requested`, else torch's current count (OMP_NUM_THREADS or all cores)
+    capped at the cores not busy right now (at least 1). Sets torch's thread count and returns it."""
     import torch
 
     if requested:
@@ -94,7 +94,7 @@ def choose_threads(requested: int = 0) -> int:
     else:
         busy = busy_cores()
         free = usable_cores() - (0.0 if math.isnan(busy) else busy)
-        n = max(1, int(free + 0.5))
+        n = max(1, min(torch.get_num_threads(), int(free + 0.5)))
     torch.set_num_threads(n)
     return n
 
