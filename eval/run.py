@@ -27,7 +27,8 @@ from headstart.eval.config import EvalConfig, EvalError, register_configs, to_ev
 from headstart.eval.engine.kv_cache import CacheFullError
 from headstart.eval.prompts import PromptSet, chat_ids, load_prompts
 from headstart.eval.report import log_wandb, write_report, write_runs_summary
-from headstart.eval.score import GenOpts, aggregate, check_fits, score_prompts
+from headstart.eval.measure import score_prompts
+from headstart.eval.score import GenOpts, aggregate, check_fits
 from headstart.eval.engine.tree import TreeError
 from headstart.models.backbone import Backbone, BackboneConfig, BackboneError, load_backbone
 from headstart.models.checkpoint import CONFIG_NAME, WEIGHTS_NAME, read_meta

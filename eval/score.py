@@ -1,8 +1,10 @@
 """Measure a speculative decoder against vanilla decoding on the same prompts, in the same process.
 
-Speedup follows Spec-Bench (Xia et al. 2024, "Unlocking Efficiency in Large Language Model Inference"): for each
-prompt, vanilla then speculative decoding through the same `Decoder` code path (interleaved, after a warm-up, so
-drift in clocks or thermals hits both alike); speedup = spec tokens/s / vanilla tokens/s over all prompts.
+Speedup is measured as in Spec-Bench (Xia et al. 2024, "Unlocking Efficiency in Large Language Model Inference"):
+vanilla and speculative decoding through the same `Decoder` code path on the same prompts, after a warm-up. How
+(eval/measure.py): turn by turn, back to back, in rounds; speedup = the median of the per-turn rate ratios, with
+its 95% CI (eval/timing.py), checked against the step costs (eval/bounds.py). `speedup_of_totals` keeps
+Spec-Bench's ratio of total rates over the first pass.
 tau (mean tokens emitted per target forward after the prefill, bonus token included; the decoder's
 `DecodeStats.tau`, so vanilla is exactly 1) = sum(accepted_per_step) / target forwards, summed over prompts.
 
@@ -12,23 +14,14 @@ tau (mean tokens emitted per target forward after the prefill, bonus token inclu
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from headstart.eval.bounds import check, predict, step_costs, verify_shape
 from headstart.eval.config import EvalError
 from headstart.eval.prompts import Prompt, chat_ids
-from headstart.eval.timing import (
-    Interleaved,
-    Sample,
-    TimingConfig,
-    choose_threads,
-    conditions,
-    finish_conditions,
-    summarize,
-)
+from headstart.eval.timing import summarize
 
 
 @dataclass
@@ -62,7 +55,7 @@ def check_fits(n_prompt: int, opts: GenOpts, where: str) -> None:
         )
 
 
-def _decode(decoder, ids: list[int], opts: GenOpts, seed: int, eos: list[int], device) -> dict:
+def decode_turn(decoder, ids: list[int], opts: GenOpts, seed: int, eos: list[int], device) -> dict:
     """One timed generate() -> {tokens, stats (DecodeStats), wall_s}."""
     _sync(device)
     start = time.perf_counter()
@@ -71,11 +64,6 @@ def _decode(decoder, ids: list[int], opts: GenOpts, seed: int, eos: list[int], d
     )
     _sync(device)
     return {"tokens": list(out.tokens), "stats": out.stats, "wall_s": time.perf_counter() - start}
-
-
-def _sample(turn: dict) -> Sample:
-    st = turn["stats"]
-    return Sample(len(turn["tokens"]), turn["wall_s"], st.target_forwards + 1, dict(st.time_s))
 
 
 def answer(decoder, backbone, prompt: Prompt, opts: GenOpts, seed: int) -> list[dict]:
@@ -88,7 +76,7 @@ def answer(decoder, backbone, prompt: Prompt, opts: GenOpts, seed: int) -> list[
         messages.append({"role": "user", "content": user})
         ids = chat_ids(tok, messages)
         check_fits(len(ids), opts, f"prompt {prompt.question_id!r} turn {t + 1}")
-        turns.append(_decode(decoder, ids, opts, seed + t, eos, device))
+        turns.append(decode_turn(decoder, ids, opts, seed + t, eos, device))
         messages.append(
             {"role": "assistant", "content": tok.decode(turns[-1]["tokens"], skip_special_tokens=True)}
         )
@@ -126,108 +114,6 @@ def summarize_turns(turns: list[dict]) -> dict:
     return s
 
 
-def score_prompts(
-    vanilla,
-    spec,
-    backbone,
-    prompts: list[Prompt],
-    opts: GenOpts,
-    warmup: int = 1,
-    on_prompt=None,
-    timing: TimingConfig | None = None,
-) -> tuple[list[dict], dict]:
-    """Vanilla and spec decoding turn by turn, the order alternating (eval/timing.py), each side continuing
-    its own conversation; then the turns re-timed in rounds until the median ratio is pinned down, and the
-    figure checked against the step costs (eval/bounds.py). -> one record per prompt (tokens and stats of
-    the first pass), the timing report (ratios per unit, costs, checks, conditions)."""
-    timing = timing or TimingConfig()
-    threads_before = torch.get_num_threads()
-    try:  # the thread count is this eval's choice; the caller's is restored afterwards
-        threads = choose_threads(timing.threads) if backbone.device.type == "cpu" else None
-        return _score(vanilla, spec, backbone, prompts, opts, warmup, on_prompt, timing, threads)
-    finally:
-        torch.set_num_threads(threads_before)
-
-
-def _score(
-    vanilla, spec, backbone, prompts, opts, warmup, on_prompt, timing, threads
-) -> tuple[list[dict], dict]:
-    tok, eos, device = backbone.tokenizer, eos_token_ids(backbone), backbone.device
-    cond = conditions(device, str(backbone.dtype).removeprefix("torch."))
-    decoders = {"vanilla": vanilla, "spec": spec}
-    for p in prompts[:warmup]:  # untimed: kernels, allocator and caches warm on both paths
-        short = replace(opts, max_new_tokens=min(opts.max_new_tokens, 16))
-        answer(vanilla, backbone, Prompt(p.question_id, p.category, p.turns[:1]), short, opts.seed)
-        answer(spec, backbone, Prompt(p.question_id, p.category, p.turns[:1]), short, opts.seed)
-    timer = Interleaved(["vanilla", "spec"], "vanilla", timing)
-    units, records = [], []
-    for i, p in enumerate(prompts):
-        seed = opts.seed + 1000 * i
-        messages: dict[str, list] = {"vanilla": [], "spec": []}
-        turns: dict[str, list] = {"vanilla": [], "spec": []}
-        for t, user in enumerate(p.turns):
-            ids = {}
-            for side in decoders:
-                messages[side].append({"role": "user", "content": user})
-                ids[side] = chat_ids(tok, messages[side])
-                check_fits(len(ids[side]), opts, f"prompt {p.question_id!r} turn {t + 1}")
-            units.append({"prompt": i, "turn": t, "ids": ids, "seed": seed + t})
-            for side in timer.order(len(units) - 1, 0):
-                turns[side].append(_decode(decoders[side], ids[side], opts, seed + t, eos, device))
-            timer.add(len(units) - 1, 0, {side: _sample(turns[side][-1]) for side in decoders})
-            for side in decoders:
-                text = tok.decode(turns[side][-1]["tokens"], skip_special_tokens=True)
-                messages[side].append({"role": "assistant", "content": text})
-        v, s = turns["vanilla"], turns["spec"]
-        records.append(
-            {
-                "question_id": p.question_id,
-                "category": p.category,
-                "match": all(a["tokens"] == b["tokens"] for a, b in zip(v, s)),
-                "vanilla": summarize_turns(v),
-                "spec": summarize_turns(s),
-                "answers": [tok.decode(t["tokens"], skip_special_tokens=True) for t in s],
-            }
-        )
-        if on_prompt is not None:
-            on_prompt(i + 1, len(prompts))
-
-    def rerun(side: str, u: int) -> Sample:
-        unit = units[u]
-        return _sample(_decode(decoders[side], unit["ids"][side], opts, unit["seed"], eos, device))
-
-    timer.run(rerun, len(units))
-    context = sorted(units, key=lambda u: len(u["ids"]["vanilla"]))[len(units) // 2]["ids"]["vanilla"]
-    context = (context * 2)[: len(context) + opts.max_new_tokens // 2]  # a mid-answer cache length
-    shapes = {"vanilla": verify_shape(vanilla), "spec": verify_shape(spec)}
-    tau = _tau(records)
-    for attempt in range(2):  # a figure that fails a check is re-measured once, then flagged
-        costs = step_costs(backbone, shapes, context, timing.cost_reps)
-        pred = predict(timer, costs)
-        speedup = timer.summary("spec")["median"]
-        checks = check(speedup, tau, costs, pred, len(timer.outliers) / len(timer.samples), timing.bound_tol)
-        if not checks["flags"] or attempt:
-            break
-        rnd = timer.n_rounds()  # one more round of every unit, its outliers re-timed
-        for u in range(len(units)):
-            timer.time_unit(rerun, u, rnd)
-        timer.retime_outliers(rerun, time.perf_counter() + timing.budget_s)
-        timer.rounds = timer.n_rounds()
-    unit_of = {u: (x["prompt"], x["turn"]) for u, x in enumerate(units)}
-    report = {
-        **timer.report(),
-        "units": [
-            {"prompt": p, "turn": t, "ratios": timer.ratios("spec", {u})} for u, (p, t) in unit_of.items()
-        ],
-        "step_ms": {k: 1000 * c for k, c in costs.items()},
-        "verify_width": shapes["spec"][0],
-        **pred,
-        **checks,
-        "conditions": {**finish_conditions(cond), "threads_chosen": threads},
-    }
-    return records, report
-
-
 def _rate(tokens: float, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else 0.0
 
@@ -245,7 +131,7 @@ def _tps(records: list[dict], side: str) -> float:
     return _rate(sum(r[side]["new_tokens"] for r in records), sum(r[side]["wall_s"] for r in records))
 
 
-def _tau(records: list[dict]) -> float | None:
+def tau_of(records: list[dict]) -> float | None:
     return _ratio(
         sum(r["spec"]["step_tokens"] for r in records), sum(r["spec"]["target_forwards"] for r in records)
     )
@@ -276,12 +162,12 @@ def aggregate(records: list[dict], greedy: bool, timing: dict | None = None) -> 
     total = times.get("total") or sum(t for k, t in times.items() if k != "total")
     ratios = _unit_ratios(records, timing)
     spread = summarize([x for _, x in ratios])
-    tau, speedup = _tau(records), spread["median"]
+    tau, speedup = tau_of(records), spread["median"]
     categories = {}
     for name in sorted({r["category"] for r in records}):
         sub = [r for r in records if r["category"] == name]
         categories[name] = {
-            "tau": _tau(sub),
+            "tau": tau_of(sub),
             "speedup": summarize([x for i, x in ratios if records[i]["category"] == name])["median"],
             "n": len(sub),
             "tokens_per_s": {"vanilla": _tps(sub, "vanilla"), "spec": _tps(sub, "spec")},
