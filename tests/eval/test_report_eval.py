@@ -162,6 +162,7 @@ def test_unknown_key_and_wrong_type_fail_at_compose_time():
         ("dtype=int8", "dtype"),
         ("method=foo", "method"),
         ("checkpoint=", "checkpoint="),
+        ("timing.rel_ci=2", "rel_ci"),
     ],
 )
 def test_range_checks_name_the_key(override, match):
