@@ -14,10 +14,14 @@
 #
 # Environment: HEADSTART_VENV (default .venv), HEADSTART_TORCH (the torch requirement installed first when the
 # venv has none; default torch==2.13.0 without an NVIDIA GPU, plain `torch` with one), ACCELERATE_CONFIG (an
-# accelerate config file, e.g. conf/accelerate/ddp.yaml), HEADSTART_CACHE (converted backbones, tokenized data).
+# accelerate config file, e.g. conf/accelerate/ddp.yaml), HEADSTART_CACHE (converted backbones, tokenized data),
+# OMP_WAIT_POLICY (default PASSIVE).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 VENV=${HEADSTART_VENV:-.venv}
+# OpenMP threads sleep at barriers instead of spinning: on a shared CPU a spinning team waits for a member the kernel
+# parked behind another process, and decoding ran 3-40x slower (issue #11; eval/timing.py picks the thread count).
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 PY=$VENV/bin/python
 STAMP=$VENV/.headstart-installed
 
@@ -48,7 +52,7 @@ accelerate_launch() {
 verb=${1:---help}
 [[ $# -gt 0 ]] && shift
 case $verb in
-  -h|--help|help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help|help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 esac
 setup
 case $verb in
