@@ -162,7 +162,7 @@ def train(job: JobConfig, resolved: dict) -> Path:
         for batch in batches:
             if t.trace_rows:
                 trace_rows(run_dir, acc.process_index, step, batch["row_ids"])
-            batch["step"] = step  # the optimizer step: methods that sample seed from it (resume-exact)
+            batch["step"], batch["seed"] = step, t.seed  # methods that sample seed from these (resume-exact)
             with acc.accumulate(drafter):
                 loss, metrics = forward_loss(acc, step_fn, backbone, drafter, batch)
                 acc.backward(loss)
