@@ -102,7 +102,7 @@ def missing_required(cfg: DictConfig, prefix: str = "") -> list[str]:
     """Keys still set to `${required:...}`. (YAML `???` cannot mark them: merging MISSING onto the schema's
     default keeps the default, so `backbone=hf` without `backbone.path` would silently train SmolLM2.)"""
     found = []
-    for key in cfg.keys():
+    for key in cfg:
         if prefix == "" and key == "hydra":
             continue
         value = cfg._get_node(key)
@@ -143,7 +143,9 @@ def to_job(cfg: DictConfig, entry: str | None = None) -> JobConfig:
     """Composed DictConfig -> typed objects (runs every __post_init__ check). `entry`: the script that composed
     it (train/<entry>.py); a method that another script trains is refused, naming the right command."""
     if missing := missing_required(cfg):
-        raise ValueError(f"{', '.join(missing)} is required here. Fix: add " + ", ".join(f"{k}=..." for k in missing))
+        raise ValueError(
+            f"{', '.join(missing)} is required here. Fix: add " + ", ".join(f"{k}=..." for k in missing)
+        )
     job = OmegaConf.to_object(cfg)
     method = registry.get(job.method_name)
     if registry.of_config(job.method) is not method:
