@@ -79,5 +79,5 @@ def test_resuming_a_run_dir_with_another_data_or_method_config_is_refused(tmp_pa
         train_overrides(run_dir, data, tmp_path / "cache", **{"train.max_steps": 3, "method.num_heads": 3}),
         check=False,
     )
-    assert res.returncode == 2 and "different `method` config" in res.stderr
+    assert res.returncode == 2 and "method.num_heads: 2 -> 3" in res.stderr
     assert "Traceback" not in res.stderr
