@@ -43,7 +43,6 @@ from headstart.models.eagle_ttt import smooth_l1_sum, teacher_targets
 __all__ = ["Eagle3Config", "EagleConfig", "EagleDrafter"]
 
 
-
 def feature_noise(like: torch.Tensor, batch: dict) -> torch.Tensor:
     """U(0, 1) noise shaped like `like` from the noise's own generator, seeded by (train seed, optimizer step,
     first row id) of the batch: a pure function of the batch, so a run resumed after a kill draws exactly the
@@ -54,6 +53,7 @@ def feature_noise(like: torch.Tensor, batch: dict) -> torch.Tensor:
         seed = (seed * 1_000_003 + int(part)) % (2**63 - 1)
     gen = torch.Generator(device=like.device).manual_seed(seed)
     return torch.rand(like.shape, generator=gen, device=like.device, dtype=like.dtype)  # like's shape
+
 
 class EagleDrafter(DrafterBase):
     """EAGLE-1 (`cfg: EagleConfig`) or EAGLE-3 (`cfg: Eagle3Config`) draft head over a frozen backbone."""

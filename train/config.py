@@ -11,16 +11,14 @@ the registry as `method_schema/<name>`), `method_name` and the method's optimize
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from headstart.cli_checks import missing_required, register_required_resolver, required_message
 from headstart.data import DataConfig
-from headstart.errors import EXIT_USER_ERROR
 from headstart.models import registry
 from headstart.models.backbone import BackboneConfig
 from headstart.tracking import LoggerConfig
@@ -91,41 +89,8 @@ class JobConfig:
     method: Any = None
 
 
-REQUIRED = "${required:"  # conf/*.yaml: `path: ${required:backbone.path}` marks a setting the user must give
-
-
-def _required(key: str):
-    raise ValueError(f"{key} is required. Fix: {key}=...")
-
-
-def missing_required(cfg: DictConfig, prefix: str = "") -> list[str]:
-    """Keys still set to `${required:...}`. (YAML `???` cannot mark them: merging MISSING onto the schema's
-    default keeps the default, so `backbone=hf` without `backbone.path` would silently train SmolLM2.)"""
-    found = []
-    for key in cfg:
-        if prefix == "" and key == "hydra":
-            continue
-        value = cfg._get_node(key)
-        if isinstance(value, DictConfig):
-            found += missing_required(value, f"{prefix}{key}.")
-        elif OmegaConf.is_interpolation(cfg, key) and str(value._value()).startswith(REQUIRED):
-            found.append(f"{prefix}{key}")
-    return found
-
-
-class RequiredSettings(Callback):
-    """Hydra callback (conf/train.yaml): before Hydra resolves the run directory (which reads backbone.path),
-    refuse a config whose required settings were not given, in one line, exit code 2."""
-
-    def on_run_start(self, config: DictConfig, **kwargs) -> None:
-        if missing := missing_required(config):
-            choices = ", ".join(f"{k}=..." for k in missing)
-            print(f"error: {', '.join(missing)} is required here. Fix: add {choices}", file=sys.stderr)
-            sys.exit(EXIT_USER_ERROR)
-
-
 def register_configs() -> None:
-    OmegaConf.register_new_resolver("required", _required, replace=True)
+    register_required_resolver()
     cs = ConfigStore.instance()
     cs.store(name="job_schema", node=JobConfig)
     cs.store(group="optim", name="adamw", node=OptimConfig)
@@ -143,9 +108,7 @@ def to_job(cfg: DictConfig, entry: str | None = None) -> JobConfig:
     """Composed DictConfig -> typed objects (runs every __post_init__ check). `entry`: the script that composed
     it (train/<entry>.py); a method that another script trains is refused, naming the right command."""
     if missing := missing_required(cfg):
-        raise ValueError(
-            f"{', '.join(missing)} is required here. Fix: add " + ", ".join(f"{k}=..." for k in missing)
-        )
+        raise ValueError(required_message(missing))
     job = OmegaConf.to_object(cfg)
     method = registry.get(job.method_name)
     if registry.of_config(job.method) is not method:
