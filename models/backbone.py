@@ -165,6 +165,11 @@ def tiny_llama_config(vocab_size: int, **overrides):
     return LlamaConfig(**kw)
 
 
+def looks_local(path: str) -> bool:
+    """A path no Hub id can be (Hub ids are `name` or `namespace/name`)."""
+    return path.startswith(("/", "./", "../", "~", ".\\")) or path.count("/") > 1 or "\\" in path
+
+
 def load_backbone(cfg: BackboneConfig, device: torch.device | str = "cpu") -> Backbone:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -185,6 +190,11 @@ def load_backbone(cfg: BackboneConfig, device: torch.device | str = "cpu") -> Ba
             path = str(ensure_gguf_cache(path, cfg))
         elif Path(path).expanduser().exists():
             path = str(Path(path).expanduser())
+        elif looks_local(path):  # HF would answer "Repo id must be in the form 'repo_name'..."
+            raise BackboneError(
+                f"backbone.path={cfg.path}: no such folder or file. Fix: an existing local model folder (with "
+                "config.json and weights), a .gguf file, or a Hub id such as HuggingFaceTB/SmolLM2-135M-Instruct"
+            )
         kw = dict(revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
         try:
             tokenizer = AutoTokenizer.from_pretrained(path, **kw)
