@@ -5,13 +5,12 @@ that turns a missing required setting or an unusable output folder into one line
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from headstart.errors import EXIT_USER_ERROR
+from headstart.errors import exit_user_error
 
 REQUIRED = "${required:"  # conf/*.yaml: `path: ${required:backbone.path}` marks a setting the user must give
 
@@ -71,5 +70,4 @@ class RunChecks(Callback):
 
     @staticmethod
     def _fail(message: str) -> None:
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(EXIT_USER_ERROR)
+        exit_user_error(message)
