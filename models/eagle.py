@@ -48,8 +48,9 @@ def feature_noise(like: torch.Tensor, batch: dict) -> torch.Tensor:
     first row id) of the batch: a pure function of the batch, so a run resumed after a kill draws exactly the
     noise an uninterrupted one would, whatever else consumed the global RNG in between (a data-loader iterator
     recreated mid-epoch draws its base seed from it), with nothing to save in the checkpoint."""
+    rows = batch.get("row_ids")  # absent in hand-made batches (benchmarks, unit tests)
     seed = 0
-    for part in (batch.get("seed", 0), batch.get("step", 0), int(batch["row_ids"][0]), 0x5EED):
+    for part in (batch.get("seed", 0), batch.get("step", 0), 0 if rows is None else int(rows[0]), 0x5EED):
         seed = (seed * 1_000_003 + int(part)) % (2**63 - 1)
     gen = torch.Generator(device=like.device).manual_seed(seed)
     return torch.rand(like.shape, generator=gen, device=like.device, dtype=like.dtype)  # like's shape
