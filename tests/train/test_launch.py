@@ -46,6 +46,14 @@ def test_single_process_training_error_is_one_line_exit_2(tmp_path):
         HF_HOME=str(tmp_path / "hf"),
     )
     assert_one_line(res, "/no/such.jsonl")
+    res = launch(
+        "medusa",
+        "method=eagle3",
+        "backbone=tiny",
+        f"run_dir={tmp_path / 'run'}",
+        HF_HOME=str(tmp_path / "hf"),
+    )
+    assert_one_line(res, "Fix: ./launch.sh eagle method=eagle3")
 
 
 def test_two_process_training_error_ends_with_the_line_exit_2(tmp_path):
