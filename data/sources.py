@@ -147,9 +147,19 @@ def _records(path: Path, tally: ReadTally) -> Iterable[object]:
         return _hf_records(path)
     try:
         array = is_json_array(path)
-    except (OSError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError as e:
+        raise not_utf8(path, e) from e
+    except OSError as e:
         raise DataError(f"data.source: cannot read {path} ({e}). Fix: check the path and permissions") from e
     return iter_json_array(path, tally) if array else iter_json_lines(path)
+
+
+def not_utf8(path: Path, e: UnicodeDecodeError) -> DataError:
+    byte = e.object[e.start : e.start + 1].hex()
+    return DataError(
+        f"data.source: {path} is not UTF-8 text (byte 0x{byte} near position {e.start}). Fix: convert it to UTF-8 "
+        "(e.g. iconv -f latin1 -t utf-8) or write it again as UTF-8 JSON/JSONL"
+    )
 
 
 def _hf_records(path: Path) -> Iterable[object]:
@@ -190,7 +200,9 @@ def read_rows(path: Path, fmt: str = "auto") -> tuple[list[Row], dict]:
             rows.append(Row(n - 1, messages))
     except DataError:
         raise
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+    except UnicodeDecodeError as e:
+        raise not_utf8(path, e) from e
+    except (OSError, ValueError) as e:
         raise DataError(
             f"data.source: cannot read {path} ({e}). Fix: check the file is JSON/JSONL, UTF-8"
         ) from e
