@@ -27,8 +27,9 @@ def trained_heads(backbone, **cfg):
     return heads
 
 
-def test_medusa_repo_layout_names_and_roundtrip(backbone, tmp_path):
-    heads = trained_heads(backbone)
+@pytest.mark.parametrize("share", [False, True])  # shared: the one lm_head written once per head
+def test_medusa_repo_layout_names_and_roundtrip(backbone, tmp_path, share):
+    heads = trained_heads(backbone, share_lm_head=share)
     write_layout(heads, "medusa", tmp_path, "org/base")
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert cfg["medusa_num_heads"] == 3 and cfg["medusa_num_layers"] == 2
