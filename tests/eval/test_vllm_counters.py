@@ -1,0 +1,71 @@
+"""vLLM's spec-decode counters -> tau and per-position acceptance (hand-worked), and the serve check's pure
+parts: chain options per method, EOS stripping, the pass/fail verdict."""
+
+from __future__ import annotations
+
+import pytest
+
+from headstart.eval import vllm_counters as vc
+from headstart.eval.serving import EngineRun, OursRun, decoder_options, strip_eos, verdict
+
+
+def metrics(drafts, accepted, per_pos, draft_tokens=0, engines=1):
+    rows = []
+    for _ in range(engines):
+        rows += [
+            {"name": "vllm:spec_decode_num_drafts", "kind": "counter", "value": drafts},
+            {"name": "vllm:spec_decode_num_draft_tokens", "kind": "counter", "value": draft_tokens},
+            {"name": "vllm:spec_decode_num_accepted_tokens", "kind": "counter", "value": accepted},
+            {"name": "vllm:spec_decode_num_accepted_tokens_per_pos", "kind": "vector", "values": per_pos},
+            {"name": "vllm:num_requests_running", "kind": "gauge", "value": 1.0},
+        ]
+    return rows
+
+
+def test_counters_parsed_and_summed_over_engines():
+    c = vc.spec_counters(metrics(10, 12, [7, 4, 1], 30, engines=2))
+    assert c == {"drafts": 20, "draft_tokens": 60, "accepted": 24, "accepted_per_pos": [14, 8, 2]}
+
+
+def test_tau_and_rates_by_hand():
+    # 10 drafting steps of a chain of 3: 7 accepted position 1, 4 of them position 2, 1 of those position 3.
+    # Tokens: 10 from the target (one per step) + 12 accepted = 22 over 10 forwards.
+    before = vc.spec_counters(metrics(5, 1, [1, 0, 0]))
+    after = vc.spec_counters(metrics(15, 13, [8, 4, 1]))
+    c = vc.delta(after, before)
+    assert c["drafts"] == 10 and c["accepted"] == 12 and c["accepted_per_pos"] == [7, 4, 1]
+    assert vc.tau(c) == pytest.approx(2.2)
+    assert vc.position_rates(c) == pytest.approx([0.7, 0.4, 0.1])
+
+
+def test_no_drafts_is_tau_one():
+    c = vc.spec_counters([])
+    assert vc.tau(c) == 1.0 and vc.position_rates(c) == []
+
+
+def test_delta_pads_a_vector_that_appeared_later():
+    after = {"drafts": 4, "draft_tokens": 12, "accepted": 3, "accepted_per_pos": [2, 1]}
+    before = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "accepted_per_pos": []}
+    assert vc.delta(after, before)["accepted_per_pos"] == [2, 1]
+
+
+def test_chain_options():
+    assert decoder_options("medusa", 3, num_heads=4) == {"tree": [[0], [0, 0], [0, 0, 0]]}
+    assert decoder_options("medusa", 5, num_heads=2) == {"tree": [[0], [0, 0]]}
+    assert decoder_options("eagle3", 3) == {"num_draft_tokens": 3, "tree_nodes": 3, "topk": 1}
+    assert decoder_options("draft", 4) == {"num_draft_tokens": 4}
+    with pytest.raises(ValueError):
+        decoder_options("vanilla", 3)
+
+
+def test_strip_eos():
+    assert strip_eos([5, 6, 2, 9], {2}) == [5, 6] and strip_eos([5, 6], {2}) == [5, 6]
+
+
+def test_verdict():
+    ours = OursRun(tau=1.8, position_rates=[0.5, 0.2], tokens_per_s=10, outputs=[])
+    good = EngineRun(loaded=True, tau=1.75, position_rates=[0.46, 0.2])
+    bad = EngineRun(loaded=True, tau=1.3, position_rates=[0.2, 0.05])
+    assert verdict("x", good, ours) == ""
+    assert "below 0.9 x ours" in verdict("x", bad, ours)
+    assert "could not load" in verdict("x", EngineRun(loaded=False, error="boom"), ours)
