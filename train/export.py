@@ -22,6 +22,7 @@ from pathlib import Path
 from headstart.models.backbone import BackboneConfig, BackboneError, load_backbone
 from headstart.models.checkpoint import load_drafter, read_meta
 from headstart.models.export.medusa import LAYOUTS, measured_lines, write_layout
+from headstart.models.export.serve_card import append_serve_check
 
 
 def resolve_checkpoint(path: Path) -> Path:
@@ -86,6 +87,7 @@ def export(
         from headstart.models.export.draft import export_distill
 
         folder = export_distill(drafter_dir, meta, out, find_report(drafter_dir))
+        append_serve_check(folder / "README.md", drafter_dir)
         if push:
             push_folder(folder, push, private)
         return [folder]
@@ -93,6 +95,8 @@ def export(
         from headstart.models.export.eagle import export_checkpoint
 
         folders = export_checkpoint(drafter_dir, meta, out)
+        for folder in folders:
+            append_serve_check(folder / "README.md", drafter_dir)
         for folder in folders if push else []:
             push_folder(folder, f"{push}-{folder.name}", private)
         return folders
@@ -110,6 +114,7 @@ def export(
         folder = out / layout if len(layouts) > 1 else out
         write_layout(heads, layout, folder, base_model)
         (folder / "README.md").write_text(model_card(meta, base_model, layout, report))
+        append_serve_check(folder / "README.md", drafter_dir)
         written.append(folder)
         if push:
             repo = push if len(layouts) == 1 else f"{push}-{layout}"

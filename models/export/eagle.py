@@ -11,6 +11,10 @@
   `speculators_config` naming the verifier.
 - `eagle` (SafeAILab/EAGLE-1, SGLang `LlamaForCausalLMEagle`): `fc.weight`/`fc.bias` (H, 2H), `layers.0.*` without
   `input_layernorm` (EAGLE's layer 0 has none); config.json LlamaConfig-style with `bias: true`.
+- `eagle_vllm` (vLLM's `EagleLlamaForCausalLM`, method "eagle"): vLLM builds `fc` without a bias and, for
+  `bias: true`, q/k/v/o biases. fc's bias b is folded into them exactly: the layer's input is x + b (no input
+  norm), so q/k/v gain W b (RoPE is applied after the projection, bias included) and the residual's + b
+  becomes o_proj's bias. Loading `eagle` instead fails in vLLM (no parameter for `fc.bias`).
 """
 
 from __future__ import annotations
@@ -23,8 +27,28 @@ from safetensors.torch import load_file, save_file
 
 from headstart.models.eagle import Eagle3Config, EagleConfig, EagleDrafter
 
-LAYOUTS = {"eagle": ("eagle",), "eagle3": ("eagle3", "speculators")}  # method -> layouts it can be written in
-PREFIX = {"eagle": "layers.0.", "eagle3": "midlayer.", "speculators": "layers.0."}
+# method -> layouts it can be written in
+LAYOUTS = {"eagle": ("eagle", "eagle_vllm"), "eagle3": ("eagle3", "speculators")}
+PREFIX = {"eagle": "layers.0.", "eagle_vllm": "layers.0.", "eagle3": "midlayer.", "speculators": "layers.0."}
+ATTN = "layers.0.self_attn."
+
+
+def fold_fc_bias(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """EAGLE-1 tensors with fc.bias moved into q/k/v/o biases (vLLM's fc has no bias; see the docstring)."""
+    out = dict(tensors)
+    b = out.pop("fc.bias").float()  # (H,)
+    for name in ("q_proj", "k_proj", "v_proj"):
+        w = out[f"{ATTN}{name}.weight"]
+        out[f"{ATTN}{name}.bias"] = (w.float() @ b).to(w.dtype)  # (out,)
+    out[f"{ATTN}o_proj.bias"] = b.to(out["fc.weight"].dtype)
+    return out
+
+
+def unfold_fc_bias(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of fold_fc_bias (o_proj's bias is b; the q/k/v biases follow from it)."""
+    out = {k: v for k, v in tensors.items() if not (k.startswith(ATTN) and k.endswith(".bias"))}
+    out["fc.bias"] = tensors[f"{ATTN}o_proj.bias"]
+    return out
 
 
 def _llama_config(d: EagleDrafter) -> dict:
@@ -61,6 +85,8 @@ def to_layout(d: EagleDrafter, layout: str, base_model: str, verifier_arch: list
     config = _llama_config(d)
     if layout == "eagle":
         return {**config, "architectures": ["LlamaForCausalLM"], "bias": True}, tensors
+    if layout == "eagle_vllm":
+        return {**config, "architectures": ["LlamaForCausalLM"], "bias": True}, fold_fc_bias(tensors)
     aux = list(d.aux_layers)
     config |= {"draft_vocab_size": len(d.d2t)}
     if layout == "eagle3":
@@ -106,6 +132,8 @@ def read_layout(folder: Path, backbone) -> EagleDrafter:
         layout, aux = "eagle3", [j + 1 for j in config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
     else:
         layout, aux = "eagle", None
+        if "fc.bias" not in tensors:  # eagle_vllm: the bias was folded into the attention
+            tensors = unfold_fc_bias(tensors)
     if aux is None:
         cfg = EagleConfig()
     else:

@@ -99,6 +99,27 @@ def test_eagle1_layout(backbone, tmp_path):
     )
 
 
+def test_eagle1_vllm_layout_folds_fc_bias_exactly(backbone, tmp_path):
+    d = _perturbed(build_drafter("eagle", EagleConfig(), backbone))
+    write_layout(d, "eagle_vllm", tmp_path, "tiny-base", ["LlamaForCausalLM"])
+    t = load_file(tmp_path / "model.safetensors")
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    attn = {f"layers.0.self_attn.{p}_proj.bias" for p in "qkvo"}
+    assert set(t) == {"fc.weight"} | {"layers.0." + n for n in LAYER} | attn  # vLLM's fc has no bias
+    assert cfg["bias"] is True  # vLLM builds the q/k/v/o biases for it
+    torch.testing.assert_close(t["layers.0.self_attn.o_proj.bias"], d.fc.bias.detach())
+    # vLLM's computation: fc without bias, then the layer with the folded biases == ours with fc.bias
+    layer, ids = d.layer, torch.tensor([[5, 9, 33, 70]])
+    final, _ = backbone(ids)
+    emb = backbone.embed_tokens(ids)
+    x = torch.cat([emb, final], -1) @ t["fc.weight"].T  # (1, T, H)
+    q = x @ t["layers.0.self_attn.q_proj.weight"].T + t["layers.0.self_attn.q_proj.bias"]
+    torch.testing.assert_close(q, layer.self_attn.q_proj(d.fc(torch.cat([emb, final], -1))))
+    torch.testing.assert_close(
+        _logits(read_layout(tmp_path, backbone).eval(), backbone), _logits(d, backbone)
+    )
+
+
 def test_aux_layer_zero_cannot_go_to_sglang(backbone, tmp_path):
     d = build_drafter("eagle3", Eagle3Config(aux_layers=[0, 1, 1], draft_vocab_size=64), backbone)
     with pytest.raises(ValueError, match="output of layer"):
