@@ -21,7 +21,8 @@ import torch
 from headstart.eval import vllm_counters as vc
 from headstart.vllm_runner import VllmEngine, VllmError, engine_spec, served_model
 
-MIN_POS1_RATIO = 0.9  # vLLM's position-1 acceptance must reach this fraction of ours
+MIN_POS1_RATIO = 0.9  # vLLM's position-1 acceptance must reach this fraction of ours ...
+MIN_GATED_RATE = 0.05  # ... when ours is at least this (random heads accept ~nothing in either engine)
 TAU_TOLERANCE = (
     0.05  # reported: |tau_vllm / tau_ours - 1| within 5% (the target for Medusa / EAGLE-3)
 )
@@ -152,7 +153,7 @@ def verdict(layout: str, run: EngineRun, ours: OursRun) -> str:
         return f"{layout}: vLLM could not load it ({run.error})"
     ours1 = ours.position_rates[0] if ours.position_rates else 0.0
     theirs1 = run.position_rates[0] if run.position_rates else 0.0
-    if ours1 > 0 and theirs1 < MIN_POS1_RATIO * ours1:
+    if ours1 >= MIN_GATED_RATE and theirs1 < MIN_POS1_RATIO * ours1:
         return (
             f"{layout}: vLLM accepts draft position 1 at {theirs1:.3f}, below {MIN_POS1_RATIO} x ours "
             f"({ours1:.3f}): the export loads but vLLM reads it differently from headstart"
