@@ -15,6 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
+import torch
+
 from headstart.eval.config import DEFAULT_PROMPTS, EvalError
 from headstart.eval.prompts import load_prompts
 from headstart.eval.serving import serve_check
@@ -39,7 +41,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--n", type=int, default=8, help="prompts, spread over the file")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--out", type=Path, help="default: <run>/serve_check")
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch threads for headstart's decoder (vLLM sets its own)"
+    )
     args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
     drafter = (
         args.checkpoint / "drafter"
         if (args.checkpoint / "drafter" / "config.json").is_file()
