@@ -12,6 +12,7 @@ still drafts, just badly, so acceptance is what reveals it.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -46,6 +47,7 @@ class EngineRun:
     position_rates: list[float] = field(default_factory=list)
     counters: dict = field(default_factory=dict)
     outputs: list[list[int]] = field(default_factory=list)
+    aux_layers: list[int] | None = None  # EAGLE-3: the target layers vLLM captured (from its log)
 
 
 @dataclass
@@ -125,7 +127,16 @@ def run_vllm(
             wall += reply["time_s"]
             n += len(reply["outputs"][0]["token_ids"])
         c = vc.delta(vc.spec_counters(engine.metrics()), before)
-    return EngineRun(True, "", n / wall, engine.startup_s, vc.tau(c), vc.position_rates(c), c, outputs)
+    run = EngineRun(True, "", n / wall, engine.startup_s, vc.tau(c), vc.position_rates(c), c, outputs)
+    run.aux_layers = captured_aux_layers(log)
+    return run
+
+
+def captured_aux_layers(log: Path) -> list[int] | None:
+    """The EAGLE-3 aux layer ids vLLM says it took from the draft config (None when it did not say)."""
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    found = re.findall(r"auxiliary layers from (?:speculative )?config: \(([\d, ]+)\)", text)
+    return [int(i) for i in found[-1].split(",") if i.strip()] if found else None
 
 
 def run_ours(decoder, prompts: list[list[int]], max_new: int, eos: set[int]) -> OursRun:
@@ -147,10 +158,16 @@ def run_ours(decoder, prompts: list[list[int]], max_new: int, eos: set[int]) -> 
     return OursRun(emitted / forwards if forwards else 1.0, rates, tokens / wall, outputs)
 
 
-def verdict(layout: str, run: EngineRun, ours: OursRun) -> str:
-    """'' when the layout passes, else why not (one line)."""
+def verdict(layout: str, run: EngineRun, ours: OursRun, aux_layers: list[int] | None = None) -> str:
+    """'' when the layout passes, else why not (one line). `aux_layers`: EAGLE-3's trained target layers (input
+    of layer i), to compare with what vLLM captured: one layer off still drafts, only a little worse."""
     if not run.loaded:
         return f"{layout}: vLLM could not load it ({run.error})"
+    if aux_layers is not None and run.aux_layers is not None and run.aux_layers != aux_layers:
+        return (
+            f"{layout}: vLLM fuses target layers {run.aux_layers}, the drafter was trained on {aux_layers} "
+            "(inputs of layers): the export's aux layer ids are read in another convention"
+        )
     ours1 = ours.position_rates[0] if ours.position_rates else 0.0
     theirs1 = run.position_rates[0] if run.position_rates else 0.0
     if ours1 >= MIN_GATED_RATE and theirs1 < MIN_POS1_RATIO * ours1:
@@ -223,6 +240,7 @@ def serve_check(drafter_dir: Path, questions: list[str], out: Path, k: int = 3, 
     decoder = build_decoder(method, backbone, str(drafter_dir), **decoder_options(method, k, num_heads))
     eos = decoder.eos_token_ids
     ours = run_ours(decoder, prompts, max_new, set(eos))
+    aux = list(decoder.proposer.drafter.aux_layers) if meta["method"] == "eagle3" else None
     ours_plain = run_ours(Decoder(backbone, "vanilla"), prompts, max_new, set(eos))
     plain = run_vllm(model, prompts, max_new, eos, None, out / "logs" / "vanilla.log")
     if not plain.loaded:
@@ -236,8 +254,10 @@ def serve_check(drafter_dir: Path, questions: list[str], out: Path, k: int = 3, 
         row["agree_with_ours"] = agree(run.outputs, ours.outputs) if run.loaded else 0
         row["agree_with_vllm_plain"] = agree(run.outputs, plain.outputs) if run.loaded else 0
         rows.append(row)
-        if why := verdict(lay.name, run, ours):
-            (failures if lay.required else notes).append(why + ("" if lay.required else " (not a vLLM layout)"))
+        if why := verdict(lay.name, run, ours, aux):
+            (failures if lay.required else notes).append(
+                why + ("" if lay.required else " (not a vLLM layout)")
+            )
         elif run.loaded and abs(run.tau / ours.tau - 1) > TAU_TOLERANCE:
             notes.append(
                 f"{lay.name}: vLLM tau {run.tau:.3f} vs ours {ours.tau:.3f} (beyond {TAU_TOLERANCE:.0%})"

@@ -3,7 +3,10 @@
 - `eagle3` (SafeAILab/EAGLE-3 and SGLang's `LlamaForCausalLMEagle3`): `fc.weight` (H, 3H), `midlayer.*` (q/k/v
   read 2H), `norm.weight`, `lm_head.weight` (Dv, H), `d2t` (Dv,) int64, `t2d` (V,) bool; LlamaConfig-style
   config.json with `draft_vocab_size` and `eagle_config.eagle_aux_hidden_state_layer_ids`. SGLang reads id j
-  as the *output* of layer j (it captures before layer j+1), so we write (our input-of-layer id) - 1.
+  as the *output* of layer j (it captures before layer j+1), so we write (our input-of-layer id) - 1. vLLM
+  loads this layout too, but reads the same ids as *inputs* of layers (one layer early) unless a top-level
+  `eagle_aux_hidden_state_layer_ids` exists, which it prefers and SGLang ignores: so that key carries our ids
+  as they are, and each engine fuses the layers the drafter was trained on.
 - `speculators` (vllm-project/speculators, loaded by vLLM's eagle3 model): the same tensors with `layers.0.*`;
   config `speculators_model_type: eagle3`, `transformer_layer_config`, `draft_vocab_size`,
   `norm_before_residual` (always written: False, the residual is the un-normed feature), top-level
@@ -93,7 +96,12 @@ def to_layout(d: EagleDrafter, layout: str, base_model: str, verifier_arch: list
         if 0 in aux:
             raise ValueError("aux layer 0 (the embeddings) has no 'output of layer j' id for SGLang/EAGLE-3")
         eagle = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in aux], "use_aux_hidden_state": True}
-        return {**config, "architectures": ["LlamaForCausalLMEagle3"], "eagle_config": eagle}, tensors
+        return {
+            **config,
+            "architectures": ["LlamaForCausalLMEagle3"],
+            "eagle_config": eagle,  # SGLang / EAGLE-3: output of layer j
+            "eagle_aux_hidden_state_layer_ids": aux,  # vLLM (read first there): input of layer i
+        }, tensors
     return {
         "architectures": ["Eagle3Speculator"],
         "speculators_model_type": "eagle3",

@@ -69,3 +69,21 @@ def test_verdict():
     assert verdict("x", good, ours) == ""
     assert "below 0.9 x ours" in verdict("x", bad, ours)
     assert "could not load" in verdict("x", EngineRun(loaded=False, error="boom"), ours)
+
+
+def test_captured_aux_layers_from_the_log(tmp_path):
+    from headstart.eval.serving import captured_aux_layers
+
+    log = tmp_path / "v.log"
+    log.write_text(
+        "INFO [gpu_model_runner.py:5243] Using auxiliary layers from speculative config: (1, 14, 26)\n"
+    )
+    assert captured_aux_layers(log) == [1, 14, 26]
+    assert captured_aux_layers(tmp_path / "missing.log") is None
+
+
+def test_verdict_catches_shifted_aux_layers():
+    ours = OursRun(tau=1.2, position_rates=[0.2], tokens_per_s=10, outputs=[])
+    run = EngineRun(loaded=True, tau=1.2, position_rates=[0.2], aux_layers=[1, 14, 26])
+    assert "fuses target layers [1, 14, 26]" in verdict("eagle3-sglang", run, ours, [2, 15, 27])
+    assert verdict("eagle3-sglang", run, ours, [1, 14, 26]) == ""

@@ -73,6 +73,11 @@ def test_eagle3_layouts(backbone, tmp_path, layout):
             0,
             0,
         ]  # SGLang: output of layer j
+        assert cfg["eagle_aux_hidden_state_layer_ids"] == [
+            1,
+            1,
+            1,
+        ]  # vLLM reads this one first: input of layer i
         assert cfg["num_hidden_layers"] == 1 and cfg["vocab_size"] == 259
     else:
         assert cfg["speculators_model_type"] == "eagle3" and cfg["norm_before_residual"] is False
