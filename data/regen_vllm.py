@@ -9,7 +9,7 @@ request finished on one: `_decode` then sees the same ids the HF path returns.
 
 from __future__ import annotations
 
-from headstart.data.config import RegenConfig
+from headstart.data.config import DataError, RegenConfig
 from headstart.vllm_runner import VllmEngine, VllmError, engine_spec, served_model
 
 DTYPE_NAMES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32"}
@@ -28,7 +28,7 @@ class VllmRegen:
     def __init__(self, backbone, regen: RegenConfig, max_length: int) -> None:
         model = served_model(backbone)
         if model is None:
-            raise VllmError(
+            raise DataError(
                 f"data.regen.engine=vllm needs a backbone loaded from a folder or Hub id, not the in-memory "
                 f"{backbone.name!r}. Fix: data.regen.engine=hf"
             )
@@ -37,18 +37,24 @@ class VllmRegen:
         spec = engine_spec(
             model, DTYPE_NAMES.get(str(backbone.dtype), "bfloat16"), max_length + regen.max_new_tokens
         )
-        self.engine = VllmEngine(spec)
+        try:
+            self.engine = VllmEngine(spec)
+        except VllmError as e:  # one line naming the fix, like every data error (train/cli.py)
+            raise DataError(f"data.regen.engine=vllm: {e}") from e
 
     def generate(
         self, prompts: list[list[int]], stop: set[int], _batch_seed: int, row_seeds: list[int]
     ) -> list[list[int]]:
-        reply = self.engine.generate(
-            prompts,
-            self.regen.max_new_tokens,
-            self.regen.temperature,
-            seeds=row_seeds if self.regen.temperature > 0 else None,
-            stop_token_ids=sorted(stop),
-        )
+        try:
+            reply = self.engine.generate(
+                prompts,
+                self.regen.max_new_tokens,
+                self.regen.temperature,
+                seeds=row_seeds if self.regen.temperature > 0 else None,
+                stop_token_ids=sorted(stop),
+            )
+        except VllmError as e:  # finished chunks are on disk: rerunning resumes after them
+            raise DataError(f"data.regen.engine=vllm: {e}. Rerun to resume") from e
         return [with_stop_token(o["token_ids"], o["finish_reason"], stop) for o in reply["outputs"]]
 
     def __enter__(self) -> VllmRegen:

