@@ -63,11 +63,14 @@ def test_strip_eos():
 
 
 def test_verdict():
-    ours = OursRun(tau=1.8, position_rates=[0.5, 0.2], tokens_per_s=10, outputs=[])
-    good = EngineRun(loaded=True, tau=1.75, position_rates=[0.46, 0.2])
-    bad = EngineRun(loaded=True, tau=1.3, position_rates=[0.2, 0.05])
+    ours = OursRun(tau=1.8, position_rates=[0.5, 0.2], tokens_per_s=10, outputs=[], drafts=400)
+    good = EngineRun(loaded=True, tau=1.75, position_rates=[0.46, 0.2], counters={"drafts": 400})
+    bad = EngineRun(loaded=True, tau=1.3, position_rates=[0.2, 0.05], counters={"drafts": 400})
     assert verdict("x", good, ours) == ""
     assert "below 0.9 x ours" in verdict("x", bad, ours)
+    # 0.118 vs 0.138 over ~420 drafts each is 0.86x but under one standard error: noise, not a wrong export
+    noisy = EngineRun(loaded=True, tau=1.13, position_rates=[0.118], counters={"drafts": 416})
+    assert verdict("x", noisy, OursRun(1.16, [0.138], 2.0, [], drafts=443)) == ""
     assert "could not load" in verdict("x", EngineRun(loaded=False, error="boom"), ours)
 
 
@@ -80,6 +83,14 @@ def test_captured_aux_layers_from_the_log(tmp_path):
     )
     assert captured_aux_layers(log) == [1, 14, 26]
     assert captured_aux_layers(tmp_path / "missing.log") is None
+
+
+def test_shortfall_z_by_hand():
+    from headstart.eval.serving import shortfall_z
+
+    # pooled p = 0.4, se = sqrt(0.4 * 0.6 * (1/100 + 1/100)) = 0.0693
+    assert shortfall_z(0.5, 100, 0.3, 100) == pytest.approx(0.2 / 0.069282, rel=1e-4)
+    assert shortfall_z(0.5, 0, 0.3, 100) == float("inf")
 
 
 def test_verdict_catches_shifted_aux_layers():
