@@ -44,7 +44,9 @@ def test_eagle_train_resume_reload(tmp_path, method):
     if method == "eagle3":
         assert drafter.d2t.tolist() == state["d2t"].tolist()
     folders = export(run_dir, tmp_path / "export", [])  # every layout of the method, read back identically
-    assert [f.name for f in folders] == (["eagle3", "speculators"] if method == "eagle3" else ["eagle"])
+    assert [f.name for f in folders] == (
+        ["eagle3", "speculators"] if method == "eagle3" else ["eagle", "eagle_vllm"]
+    )
     for folder in folders:
         back = read_layout(folder, backbone)
         for k, v in drafter.state_dict().items():
