@@ -28,6 +28,7 @@ from headstart.data.config import DataConfig, DataError
 from headstart.data.dataset import TokenizedDataset
 from headstart.data.selfdistill import regen_file, regenerate
 from headstart.data.sources import Row, Skips, open_source, read_rows
+from headstart.logs import FILE_ONLY
 
 log = logging.getLogger("headstart.data")
 TOKENIZE_BATCH = 64  # rows per .map batch (one batched tokenizer call)
@@ -140,7 +141,9 @@ def _load_cached(path: Path) -> tuple[TokenizedDataset, TokenizedDataset, dict] 
     except (OSError, KeyError, ValueError, SafetensorError) as e:
         log.warning("data cache %s is unreadable (%s); rebuilding it", path, e)
         return None
-    log.info("data: loaded %d train / %d eval samples from cache %s", len(train), len(evals), path)
+    log.info(
+        "data: loaded %d train / %d eval samples from cache %s", len(train), len(evals), path, extra=FILE_ONLY
+    )
     return train, evals, {**stats, "cache_hit": True, "cache_file": str(path)}
 
 
@@ -205,6 +208,7 @@ def build_datasets(
             s["tokens"],
             100 * s["labeled_fraction"],
             s["truncated"],
+            extra=FILE_ONLY,
         )
     datasets = TokenizedDataset(splits["train"]), TokenizedDataset(splits["eval"])
     return *datasets, {**stats, "cache_hit": False, "cache_file": str(cache_file)}

@@ -5,7 +5,7 @@ these defaults.
 
 `method` is a config group (conf/method/<name>.yaml, one per registry entry): choosing `method=eagle3` (on the
 command line, in an experiment's defaults or in a multirun) brings the method's typed schema (stored here from
-the registry as `method_schema/<name>`), `method_name` and the method's optimizer defaults together.
+the registry as `method_schema_<name>`), `method_name` and the method's optimizer defaults together.
 """
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ def register_configs() -> None:
     cs.store(group="logger", name="none", node=LoggerConfig(kind="none"))
     cs.store(group="logger", name="wandb", node=LoggerConfig(kind="wandb"))
     for method in registry.METHODS.values():  # conf/method/<name>.yaml puts the schema at `method`
-        cs.store(group="method_schema", name=method.name, node=method.config)
+        # a root config, not a group: `--help` lists only the groups a job chooses from
+        cs.store(name=f"method_schema_{method.name}", node=method.config)
 
 
 class EntryError(ValueError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import shutil
 from datetime import timedelta
 from functools import partial
@@ -17,11 +18,12 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator, InitProcessGroupKwargs
-from accelerate.utils import ProjectConfiguration, set_seed
+from accelerate.utils import DistributedType, ProjectConfiguration, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from headstart.data import build_datasets, collate
+from headstart.logs import FILE_ONLY
 from headstart.models import registry
 from headstart.models.backbone import load_backbone
 from headstart.models.checkpoint import DRAFTER_DIR, build_drafter, save_drafter
@@ -30,7 +32,7 @@ from headstart.train.checkpoints import check_resumable, find_resume_dir, prune_
 from headstart.train.config import JobConfig, TrainConfig
 from headstart.train.hidden_cache import collate_hidden, offline_datasets
 from headstart.train.metrics import MetricSums, head_topk_accuracy
-from headstart.train.monitor import measured_tau, trace_rows
+from headstart.train.monitor import banner, data_line, measured_tau, trace_rows
 from headstart.train.sampling import EpochShuffle
 
 log = logging.getLogger("headstart.train")
@@ -46,7 +48,7 @@ def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
 
 def make_accelerator(t: TrainConfig, logger: LoggerConfig, run_dir: str) -> Accelerator:
     log_with = "wandb" if logger.kind == "wandb" else None
-    return Accelerator(
+    acc = Accelerator(
         gradient_accumulation_steps=t.grad_accum,
         # our schedule counts optimizer steps, whatever the process count (accelerate would step it N times)
         step_scheduler_with_optimizer=False,
@@ -56,6 +58,24 @@ def make_accelerator(t: TrainConfig, logger: LoggerConfig, run_dir: str) -> Acce
         project_config=ProjectConfiguration(project_dir=run_dir, logging_dir=run_dir),
         kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=t.dist_timeout_s))],
     )
+    check_strategy(acc, t)
+    return acc
+
+
+def check_strategy(acc: Accelerator, t: TrainConfig) -> None:
+    """accelerate silently drops a DeepSpeed or FSDP launch config in some cases (FSDP on CPU, either one with
+    `cpu=True`) and trains with plain DDP: refuse instead of training with another strategy than asked."""
+    for env, kind in (
+        ("ACCELERATE_USE_DEEPSPEED", DistributedType.DEEPSPEED),
+        ("ACCELERATE_USE_FSDP", DistributedType.FSDP),
+    ):
+        if os.environ.get(env, "false").lower() == "true" and acc.distributed_type != kind:
+            raise ValueError(
+                f"the accelerate config asks for {kind.value} but accelerate set up {acc.distributed_type.value}: "
+                "it runs FSDP on accelerators only, and neither FSDP nor DeepSpeed with cpu=True "
+                f"(train.device={t.device}, use_cpu / ACCELERATE_USE_CPU). Fix: on GPUs drop those; on a CPU "
+                "use accelerate_configs/cpu_ddp.yaml (DDP), or DeepSpeed without use_cpu"
+            )
 
 
 def init_tracking(acc: Accelerator, logger: LoggerConfig, run_dir: str, resolved: dict) -> None:
@@ -76,6 +96,7 @@ def train(job: JobConfig, resolved: dict) -> Path:
     t, run_dir = job.train, Path(job.run_dir)
     acc = make_accelerator(t, job.logger, job.run_dir)
     set_seed(t.seed)
+    banner(job, acc)
     check_resumable(run_dir, t.resume, resolved)
     if acc.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -89,7 +110,8 @@ def train(job: JobConfig, resolved: dict) -> Path:
             backbone=backbone,
             show_progress=acc.is_local_main_process,
         )
-    log.info("data: %s", json.dumps(data_stats, default=str)[:2000])
+    log.info("data: %s", json.dumps(data_stats, default=str), extra=FILE_ONLY)
+    data_line(job, acc, data_stats, len(train_ds), len(eval_ds))
 
     method = registry.get(job.method_name)
     step_fn = method.step_fn()
@@ -206,7 +228,7 @@ def train(job: JobConfig, resolved: dict) -> Path:
                 )
                 if acc.is_main_process:
                     prune_checkpoints(run_dir, t.keep_checkpoints)
-                log.info("checkpoint %s", ckpt)
+                log.info("checkpoint %s", ckpt, extra=FILE_ONLY)
             if step >= t.max_steps:
                 break
         epoch += 1

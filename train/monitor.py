@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 
-from headstart.train.config import TrainConfig
+from headstart.logs import log_file
+from headstart.train.config import JobConfig, TrainConfig
 
 log = logging.getLogger("headstart.train")
 
@@ -35,6 +36,33 @@ def measured_tau(acc: Accelerator, t: TrainConfig, method: str, backbone, drafte
         log.info("measured tau %.3f on %d held-out prompts", res["tau"], len(prompts))
     acc.wait_for_everyone()
     return out
+
+
+def banner(job: JobConfig, acc: Accelerator) -> None:
+    """The first lines of a run: what is trained on what, where, with how many processes (the details are in
+    the log file). Main process only."""
+    if not acc.is_main_process:
+        return
+    t = job.train
+    lines = [
+        f"headstart {job.method_name} -> {job.run_dir}",
+        f"  backbone: {job.backbone.name} ({job.backbone.path}, {job.backbone.dtype})",
+        f"  processes: {acc.num_processes} ({acc.distributed_type.value}, {acc.device.type}), mixed precision "
+        f"{acc.mixed_precision}, batch {t.micro_batch_size} x {acc.num_processes} x {t.grad_accum}, "
+        f"{t.max_steps} steps",
+        f"  full log: {log_file() or '(none)'}",
+    ]
+    print("\n".join(lines), flush=True)
+
+
+def data_line(job: JobConfig, acc: Accelerator, stats: dict, n_train: int, n_eval: int) -> None:
+    if acc.is_main_process:
+        cached = "tokenized cache" if stats.get("cache_hit") else "tokenized now"
+        source = stats.get("source", job.data.source)
+        print(
+            f"  data: {job.data.name}: {n_train} train / {n_eval} eval samples from {source} ({cached})",
+            flush=True,
+        )
 
 
 def trace_rows(run_dir: Path, rank: int, step: int, row_ids: torch.Tensor) -> None:
