@@ -54,7 +54,8 @@ class TrainConfig:
     keep_checkpoints: int = 2  # newest N kept; 0 keeps all
     resume: str = "auto"  # auto (latest checkpoint in the run dir) | never | path to a checkpoint folder
     seed: int = 0
-    quick_eval_every: int = 0  # measured tau in the built-in decoder every N steps (0: off)
+    # tau measured in the built-in decoder on held-out prompts every N steps (None: with each eval; 0: off)
+    quick_eval_every: int | None = None
     quick_eval_prompts: int = 4
     quick_eval_tokens: int = 32
     dist_timeout_s: int = 600  # a rank that stops answering fails the others after this long

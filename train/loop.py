@@ -27,11 +27,11 @@ from headstart.logs import FILE_ONLY
 from headstart.models import registry
 from headstart.models.backbone import load_backbone
 from headstart.models.checkpoint import DRAFTER_DIR, build_drafter, save_drafter
-from headstart.tracking import LoggerConfig
+from headstart.tracking import LoggerConfig, log_model_artifact, training_run_kwargs
 from headstart.train.checkpoints import check_resumable, find_resume_dir, prune_checkpoints, save_checkpoint
 from headstart.train.config import JobConfig, TrainConfig
 from headstart.train.hidden_cache import collate_hidden, offline_datasets
-from headstart.train.metrics import MetricSums, head_topk_accuracy
+from headstart.train.metrics import GradNorm, MetricSums, Throughput, head_topk_accuracy, progress
 from headstart.train.monitor import banner, data_line, measured_tau, trace_rows
 from headstart.train.sampling import EpochShuffle
 
@@ -78,16 +78,15 @@ def check_strategy(acc: Accelerator, t: TrainConfig) -> None:
             )
 
 
-def init_tracking(acc: Accelerator, logger: LoggerConfig, run_dir: str, resolved: dict) -> None:
+def init_tracking(
+    acc: Accelerator, logger: LoggerConfig, run_dir: str, resolved: dict, resuming: bool
+) -> None:
+    """W&B through accelerate's tracker; a resumed run continues its W&B run (id kept in the run dir)."""
     if logger.kind != "wandb":
         return
-    import os
-
     if logger.mode:
         os.environ["WANDB_MODE"] = logger.mode
-    wandb_kw = {"name": logger.run_name or Path(run_dir).name, "dir": run_dir, "tags": logger.tags}
-    if logger.entity:
-        wandb_kw["entity"] = logger.entity
+    wandb_kw = training_run_kwargs(logger, run_dir, resuming) if acc.is_main_process else {}
     acc.init_trackers(logger.project, config=resolved, init_kwargs={"wandb": wandb_kw})
 
 
@@ -168,12 +167,13 @@ def train(job: JobConfig, resolved: dict) -> Path:
         acc.load_state(str(resume_dir))
         step = json.loads((resume_dir / "trainer_state.json").read_text())["step"]
         log.info("resumed from %s at step %d", resume_dir, step)
-    init_tracking(acc, job.logger, job.run_dir, resolved)
+    init_tracking(acc, job.logger, job.run_dir, resolved, resuming=resume_dir is not None)
+    log_model = job.logger.model_logging() if job.logger.kind == "wandb" else "none"
 
     consumed = step * t.grad_accum  # micro-batches this process has already seen
     epoch, skip = divmod(consumed, len(train_dl))
     bar = tqdm(total=t.max_steps, initial=step, disable=not acc.is_local_main_process, desc="train")
-    sums = MetricSums()
+    sums, grad_norm, speed = MetricSums(), GradNorm(), Throughput()
     last_eval: dict = {}
     drafter.train()
     while step < t.max_steps:
@@ -188,19 +188,22 @@ def train(job: JobConfig, resolved: dict) -> Path:
             with acc.accumulate(drafter):
                 loss, metrics = forward_loss(acc, step_fn, backbone, drafter, batch)
                 acc.backward(loss)
-                if acc.sync_gradients and job.optim.grad_clip > 0:
-                    acc.clip_grad_norm_(drafter.parameters(), job.optim.grad_clip)
+                if acc.sync_gradients:  # clip (0: off, the norm is still measured)
+                    grad_norm.add(acc, drafter, job.optim.grad_clip or math.inf)
                 optimizer.step()
                 if acc.sync_gradients:
                     scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
             sums.add(metrics)
+            speed.add(batch)
             if not acc.sync_gradients:
                 continue
             step += 1
             bar.update(1)
             if step % t.log_every == 0 or step == t.max_steps:
                 logs = sums.summarize(acc, prefix="train/") | {"train/lr": scheduler.get_last_lr()[0]}
+                logs |= grad_norm.summarize() | speed.summarize(acc)
+                logs |= progress(step, t, acc.num_processes, len(train_dl))
                 sums = MetricSums()
                 acc.log(logs, step=step)
                 bar.set_postfix(
@@ -211,7 +214,8 @@ def train(job: JobConfig, resolved: dict) -> Path:
                 acc.log(last_eval, step=step)
                 brief = {k: round(v, 4) for k, v in last_eval.items() if "/rank" not in k}
                 log.info("step %d eval %s", step, json.dumps(brief))
-            if t.quick_eval_every and (step % t.quick_eval_every == 0 or step == t.max_steps):
+            quick_every = t.eval_every if t.quick_eval_every is None else t.quick_eval_every
+            if quick_every and (step % quick_every == 0 or step == t.max_steps):
                 measured = measured_tau(acc, t, method.name, backbone, drafter, eval_ds)
                 acc.log(measured, step=step)
                 last_eval |= measured
@@ -229,6 +233,8 @@ def train(job: JobConfig, resolved: dict) -> Path:
                 if acc.is_main_process:
                     prune_checkpoints(run_dir, t.keep_checkpoints)
                 log.info("checkpoint %s", ckpt, extra=FILE_ONLY)
+                if log_model == "checkpoint":
+                    log_artifact(acc, ckpt / DRAFTER_DIR, step, ["latest"], last_eval)
             if step >= t.max_steps:
                 break
         epoch += 1
@@ -246,8 +252,15 @@ def train(job: JobConfig, resolved: dict) -> Path:
             tmp.rename(final)
         (run_dir / "final_eval.json").write_text(json.dumps(final_eval, indent=2))
     acc.wait_for_everyone()
+    if log_model != "none":
+        log_artifact(acc, final, step, ["final", "latest"], final_eval)
     acc.end_training()
     return final
+
+
+def log_artifact(acc: Accelerator, folder: Path, step: int, aliases: list[str], metrics: dict) -> None:
+    if acc.is_main_process:
+        log_model_artifact(acc.get_tracker("wandb", unwrap=True), folder, step, aliases, metrics)
 
 
 def forward_loss(acc: Accelerator, step_fn, backbone, drafter, batch) -> tuple[torch.Tensor, dict]:
