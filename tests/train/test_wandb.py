@@ -5,10 +5,12 @@ with logger.log_model=checkpoint (WANDB_LOG_MODEL)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 from wandb_files import run_files, summary
 
-from helpers import run_train, train_overrides, write_chat_file
+from helpers import REPO, env, run_train, train_overrides, write_chat_file
 
 
 def test_offline_run_logs_trainer_metrics_resumes_same_run_and_artifacts(tmp_path, monkeypatch):
@@ -49,3 +51,25 @@ def test_offline_run_logs_trainer_metrics_resumes_same_run_and_artifacts(tmp_pat
     two = summary(next(f for f in files if f != first))
     assert two["id"] == one["id"]  # the same W&B run, continued
     assert min(r["_step"] for r in two["history"] if "train/loss" in r) > 4
+
+    # the eval stage on its drafter: a W&B run in the training run's group, linked by id
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["alpha beta gamma"]}) + "\n")
+    out = tmp_path / "eval"
+    cmd = [
+        sys.executable,
+        "eval/run.py",
+        f"checkpoint={run / 'drafter'}",
+        f"out_dir={out}",
+        f"prompts={prompts}",
+    ]
+    cmd += ["max_new_tokens=4", "warmup=0", "logger=wandb"]
+    e = env() | {
+        var: str(tmp_path / "wandb-home") for var in ("WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR")
+    }
+    res = subprocess.run(cmd, cwd=REPO, env=e, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (eval_file,) = run_files(out)
+    ev = summary(eval_file)
+    assert ev["group"] == one["group"] and ev["job_type"] == "eval"
+    assert ev["config"]["train_run_id"] == one["id"] and ev["id"] != one["id"]
