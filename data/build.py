@@ -26,8 +26,9 @@ from headstart.data.cache import (
 from headstart.data.chat import IGNORE, Sample, tokenize_rows
 from headstart.data.config import DataConfig, DataError
 from headstart.data.dataset import TokenizedDataset
+from headstart.data.loading import open_source
 from headstart.data.selfdistill import regen_file, regenerate
-from headstart.data.sources import Row, Skips, open_source, read_rows
+from headstart.data.sources import Row, Skips, read_rows
 from headstart.logs import FILE_ONLY
 
 log = logging.getLogger("headstart.data")

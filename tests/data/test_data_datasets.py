@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from headstart.data import DataConfig, DataError, build_datasets
-from headstart.data import sources as sources_module
-from headstart.data.sources import open_source, read_rows
+from headstart.data import loading as loading_module
+from headstart.data.loading import open_source
+from headstart.data.sources import read_rows
 from headstart.models.tiny import tiny_tokenizer
 
 
@@ -150,6 +151,6 @@ def test_load_is_the_only_reader_for_clean_files(tmp_path, monkeypatch):
     """A clean JSONL file goes through datasets, not the record-by-record fallback."""
     path = tmp_path / "clean.jsonl"
     path.write_text("\n".join(json.dumps(openai(i)) for i in range(3)))
-    monkeypatch.setattr(sources_module, "_json_records", lambda *a: pytest.fail("fallback reader used"))
+    monkeypatch.setattr(loading_module, "_json_records", lambda *a: pytest.fail("fallback reader used"))
     rows, _ = rows_of(tmp_path, str(path))
     assert len(rows) == 3

@@ -7,7 +7,8 @@ import pytest
 
 from headstart.data import DataError, jsonio
 from headstart.data.config import DataConfig
-from headstart.data.sources import open_source, read_rows
+from headstart.data.loading import open_source
+from headstart.data.sources import read_rows
 
 
 def sharegpt(i: int, first: str = "human") -> dict:
