@@ -2,7 +2,7 @@
 # headstart launcher. Sets up a virtual environment from the project's own files on first use, then dispatches.
 #
 #   ./launch.sh main   [overrides]   Medusa heads on SmolLM2-135M + ShareGPT (self-distilled, CPU-sized), then eval
-#   ./launch.sh medusa [overrides]   accelerate launch train/medusa.py [Hydra overrides]
+#   ./launch.sh medusa [overrides]   train/medusa.py [Hydra overrides] (through accelerate launch when distributed)
 #   ./launch.sh eagle  [overrides]   accelerate launch train/eagle.py (EAGLE-1; `method=eagle3` for EAGLE-3)
 #   ./launch.sh distill [overrides]  accelerate launch train/distill.py (DistillSpec)
 #   ./launch.sh eval   [overrides]   python eval/run.py checkpoint=DIR [prompts=FILE out_dir=DIR ...]
@@ -70,6 +70,31 @@ accelerate_launch() {
   "$VENV/bin/accelerate" launch "${args[@]}" "$@"
 }
 
+# A training entry script (train/<verb>.py) with ITS exit code and one-line errors. One process (no
+# ACCELERATE_CONFIG, no accelerate default config, at most one GPU): run it directly -- that is all accelerate's
+# single-process launcher does, and it would turn the script's `error: ...` + exit 2 into a CalledProcessError
+# traceback + exit 1. Several processes: accelerate launch (--quiet), and when a rank reported a user error
+# (HEADSTART_ERROR_FILE, headstart/errors.py) end with that line and exit 2.
+train_launch() {
+  local script=$1; shift
+  local hf_home=${HF_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/huggingface}
+  local gpus=0
+  if command -v nvidia-smi >/dev/null 2>&1; then gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); fi
+  if [[ -z ${ACCELERATE_CONFIG:-} && ! -f $hf_home/accelerate/default_config.yaml && $gpus -le 1 ]]; then
+    "$PY" "$script" "$@"
+    return
+  fi
+  local errfile rc=0
+  errfile=$(mktemp)
+  HEADSTART_ERROR_FILE=$errfile accelerate_launch --quiet "$script" "$@" || rc=$?
+  if [[ $rc -ne 0 && -s $errfile ]]; then
+    head -n 1 "$errfile" >&2
+    rc=2
+  fi
+  rm -f "$errfile"
+  return $rc
+}
+
 verb=${1:---help}
 [[ $# -gt 0 ]] && shift
 case $verb in
@@ -84,10 +109,10 @@ case $verb in
     for a in "$@"; do  # a run_dir=... override moves both the training and the eval
       if [[ $a == run_dir=* ]]; then run_dir=${a#run_dir=}; else args+=("$a"); fi
     done
-    accelerate_launch train/medusa.py experiment=medusa_smollm2_selfdistill_cpu run_dir="$run_dir" "${args[@]}"
+    train_launch train/medusa.py experiment=medusa_smollm2_selfdistill_cpu run_dir="$run_dir" "${args[@]}"
     "$PY" eval/run.py checkpoint=$run_dir/drafter out_dir=$run_dir/eval limit_per_category=4 max_new_tokens=128
     ;;
-  medusa|eagle|distill) accelerate_launch "train/$verb.py" "$@" ;;
+  medusa|eagle|distill) train_launch "train/$verb.py" "$@" ;;
   eval) "$PY" eval/run.py "$@" ;;
   export) "$PY" train/export.py "$@" ;;
   bench-train) "$PY" train/benchmark.py "$@" ;;

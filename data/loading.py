@@ -184,6 +184,16 @@ def records(src: Source, cfg: DataConfig, tally: ReadTally, hf_cache: Path | Non
 def _json_records(path: Path, tally: ReadTally) -> Iterable[object]:
     try:
         array = is_json_array(path)
-    except (OSError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError as e:
+        raise not_utf8(path, e) from e
+    except OSError as e:
         raise DataError(f"data.source: cannot read {path} ({e}). Fix: check the path and permissions") from e
     return iter_json_array(path, tally) if array else iter_json_lines(path)
+
+
+def not_utf8(path: Path | str, e: UnicodeDecodeError) -> DataError:
+    byte = e.object[e.start : e.start + 1].hex()
+    return DataError(
+        f"data.source: {path} is not UTF-8 text (byte 0x{byte} near position {e.start}). Fix: convert it to UTF-8 "
+        "(e.g. iconv -f latin1 -t utf-8) or write it again as UTF-8 JSON/JSONL"
+    )

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from headstart.data.config import DataConfig, DataError
 from headstart.data.jsonio import Malformed, ReadTally
-from headstart.data.loading import ROW_INDEX, Source, local_source, records
+from headstart.data.loading import ROW_INDEX, Source, local_source, not_utf8, records
 
 log = logging.getLogger("headstart.data")
 
@@ -166,7 +166,9 @@ def read_rows(
                 break
     except DataError:
         raise
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+    except UnicodeDecodeError as e:
+        raise not_utf8(source.spec, e) from e
+    except (OSError, ValueError) as e:
         raise DataError(
             f"data.source: cannot read {source.spec} ({e}). Fix: check the file is JSON/JSONL/Parquet/CSV, "
             "UTF-8"

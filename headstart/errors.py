@@ -12,6 +12,21 @@ USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError)
 EXIT_USER_ERROR = 2
 
 
+def exit_user_error(message: str) -> None:
+    """Print `error: message` and exit 2. Under a launcher (launch.sh sets HEADSTART_ERROR_FILE when several
+    processes run under accelerate), the line is also appended there, so the launcher can end with it and
+    exit 2 instead of accelerate's / torchrun's traceback and exit code 1."""
+    line = f"error: {message}"
+    print(line, file=sys.stderr)
+    if path := os.environ.get("HEADSTART_ERROR_FILE"):
+        try:
+            with open(path, "a") as f:
+                f.write(line.replace("\n", " ") + "\n")
+        except OSError:
+            pass
+    sys.exit(EXIT_USER_ERROR)
+
+
 @contextmanager
 def exit_on_user_error():
     try:
@@ -19,5 +34,4 @@ def exit_on_user_error():
     except USER_ERRORS as e:
         if os.environ.get("HEADSTART_TRACEBACK"):
             raise
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(EXIT_USER_ERROR)
+        exit_user_error(str(e))

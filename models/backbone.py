@@ -165,6 +165,11 @@ def tiny_llama_config(vocab_size: int, **overrides):
     return LlamaConfig(**kw)
 
 
+def looks_local(path: str) -> bool:
+    """A path no Hub id can be (Hub ids are `name` or `namespace/name`)."""
+    return path.startswith(("/", "./", "../", "~", ".\\")) or path.count("/") > 1 or "\\" in path
+
+
 def load_backbone(cfg: BackboneConfig, device: torch.device | str = "cpu") -> Backbone:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -185,6 +190,11 @@ def load_backbone(cfg: BackboneConfig, device: torch.device | str = "cpu") -> Ba
             path = str(ensure_gguf_cache(path, cfg))
         elif Path(path).expanduser().exists():
             path = str(Path(path).expanduser())
+        elif looks_local(path):  # HF would answer "Repo id must be in the form 'repo_name'..."
+            raise BackboneError(
+                f"backbone.path={cfg.path}: no such folder or file. Fix: an existing local model folder (with "
+                "config.json and weights), a .gguf file, or a Hub id such as HuggingFaceTB/SmolLM2-135M-Instruct"
+            )
         kw = dict(revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
         try:
             tokenizer = AutoTokenizer.from_pretrained(path, **kw)
@@ -276,7 +286,28 @@ class Backbone(nn.Module):
             "vocab_size": self.vocab_size,
             "num_layers": self.num_layers,
             "tokenizer": tokenizer_fingerprint(self.tokenizer),
+            "weights": weights_digest(self.model),
         }
+
+
+def weights_digest(model: nn.Module, per_tensor: int = 64) -> str:
+    """A cheap hash of the weights (milliseconds, whatever the model size): `per_tensor` evenly spaced values
+    of every parameter. float32 and bfloat16 weights are rounded to bfloat16 first, so the same weights loaded
+    in either agree ("bf16:<hash>"); float16 ones hash their own bits ("fp16:<hash>", compared only with
+    another float16 load). Tells a same-shape model with other weights (another fine-tune, a random init) from
+    the one a drafter was trained on."""
+    fp16 = next(model.parameters()).dtype == torch.float16
+    h = hashlib.sha256()
+    for name, p in sorted(model.named_parameters()):
+        flat = p.detach().reshape(-1)
+        k = min(per_tensor, flat.numel())
+        idx = (
+            torch.arange(k) * (flat.numel() - 1) // max(k - 1, 1)
+        )  # integer positions: the same on any device
+        values = flat[idx.to(flat.device)].to(torch.float16 if fp16 else torch.bfloat16)
+        h.update(f"{name}:{tuple(p.shape)}".encode())
+        h.update(values.view(torch.int16).cpu().numpy().tobytes())
+    return ("fp16:" if fp16 else "bf16:") + h.hexdigest()[:16]
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -289,12 +320,15 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 def check_compatible(backbone: Backbone, saved: dict, what: str) -> None:
     """Raise a clear error when a checkpoint was trained for another backbone."""
-    mine = backbone.fingerprint()
+    mine = backbone.fingerprint()  # a key the checkpoint lacks (older checkpoints: `weights`) is not checked
     for key, value in saved.items():
+        if key == "weights" and str(value)[:5] != mine[key][:5]:
+            continue  # float16 vs float32 / bfloat16 values round differently: not comparable
         if key in mine and mine[key] != value:
+            what_differs = "other weights (same shapes)" if key == "weights" else f"{key}={mine[key]}"
             raise BackboneError(
                 f"{what} was trained for a backbone with {key}={value}, but backbone "
-                f"{backbone.name!r} has {key}={mine[key]}. Fix: load it with the backbone it was trained on "
+                f"{backbone.name!r} has {what_differs}. Fix: load it with the backbone it was trained on "
                 "(the checkpoint's config.json names it)"
             )
 

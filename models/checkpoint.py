@@ -12,6 +12,7 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -106,15 +107,45 @@ def untie(state: dict) -> tuple[dict, dict[str, str]]:
     return kept, tied
 
 
+HALF_WRITTEN = re.compile(
+    r"\.(tmp|old)\d*$"
+)  # save_checkpoint's step_*.tmp, atomic_dir's *.tmp<pid> / *.old<pid>
+
+
+def half_written(path: Path) -> bool:
+    """A folder inside one a run was writing when it stopped (never published: may be incomplete)."""
+    return any(HALF_WRITTEN.search(part) for part in Path(path).parts)
+
+
+def refuse_half_written(path: Path) -> None:
+    if half_written(path):
+        raise CheckpointError(
+            f"{path} is a half-written checkpoint (its run stopped while saving it; it may be incomplete). "
+            f"Fix: use a complete checkpoints/step_*/{DRAFTER_DIR} folder or the run's {DRAFTER_DIR}/"
+        )
+
+
 def read_meta(path: str | Path) -> dict:
     path = Path(path)
+    refuse_half_written(path)
     cfg_file = path / CONFIG_NAME
     if not cfg_file.is_file() or not (path / WEIGHTS_NAME).is_file():
         raise FileNotFoundError(
             f"{path} is not a headstart drafter checkpoint (needs {CONFIG_NAME} and {WEIGHTS_NAME}). "
             "Fix: point at a run's drafter/ folder or a checkpoint written by train/*.py"
         )
-    return json.loads(cfg_file.read_text())
+    try:
+        meta = json.loads(cfg_file.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(
+            f"{cfg_file} is unreadable or not JSON ({e}). Fix: restore it or re-train"
+        ) from e
+    if not isinstance(meta, dict) or not {"method", "method_config", "backbone_fingerprint"} <= meta.keys():
+        raise CheckpointError(
+            f"{cfg_file} is not a headstart drafter config (no method / method_config / backbone_fingerprint). "
+            "Fix: point at a checkpoint written by train/*.py"
+        )
+    return meta
 
 
 def load_drafter(path: str | Path, backbone: Backbone, meta: dict | None = None) -> tuple[Drafter, dict]:
@@ -125,9 +156,15 @@ def load_drafter(path: str | Path, backbone: Backbone, meta: dict | None = None)
     check_compatible(backbone, meta["backbone_fingerprint"], f"drafter checkpoint {path}")
     method = registry.get(meta["method"])
     drafter = method.build_drafter(method.config(**meta["method_config"]), backbone, meta)
-    state = load_file(path / WEIGHTS_NAME)
-    state |= {key: state[src] for key, src in meta.get("tied_keys", {}).items()}
-    drafter.load_state_dict(state, strict=True)
+    try:
+        state = load_file(path / WEIGHTS_NAME)
+        state |= {key: state[src] for key, src in meta.get("tied_keys", {}).items()}
+        drafter.load_state_dict(state, strict=True)
+    except (OSError, KeyError, RuntimeError, SafetensorError) as e:  # truncated, emptied, other tensors
+        raise CheckpointError(
+            f"{path / WEIGHTS_NAME} does not hold this drafter's weights ({type(e).__name__}: {str(e)[:300]}). "
+            "Fix: restore the file or use another checkpoint"
+        ) from e
     return drafter.to(device=backbone.device), meta
 
 
@@ -167,12 +204,12 @@ def find_checkpoints(path: str | Path) -> dict[Path, dict]:
         raise CheckpointError(
             f"checkpoint={path}: no such folder. Fix: checkpoint=runs/<run>/{DRAFTER_DIR} or a run folder"
         )
-    if (meta := checkpoint_meta(root)) is not None:
-        return {root: meta}
+    refuse_half_written(root)
+    if (root / WEIGHTS_NAME).is_file() and (root / CONFIG_NAME).is_file():  # a drafter folder itself
+        return {root: read_meta(root)}
     found = {}
     for config in sorted(root.rglob(CONFIG_NAME)):
-        half_written = any(".tmp" in part for part in config.parent.relative_to(root).parts)
-        if not half_written and (meta := checkpoint_meta(config.parent)) is not None:
+        if not half_written(config.parent.relative_to(root)) and (meta := checkpoint_meta(config.parent)):
             found[config.parent] = meta
     if not found:
         raise CheckpointError(

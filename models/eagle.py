@@ -43,6 +43,19 @@ from headstart.models.eagle_ttt import smooth_l1_sum, teacher_targets
 __all__ = ["Eagle3Config", "EagleConfig", "EagleDrafter"]
 
 
+def feature_noise(like: torch.Tensor, batch: dict) -> torch.Tensor:
+    """U(0, 1) noise shaped like `like` from the noise's own generator, seeded by (train seed, optimizer step,
+    first row id) of the batch: a pure function of the batch, so a run resumed after a kill draws exactly the
+    noise an uninterrupted one would, whatever else consumed the global RNG in between (a data-loader iterator
+    recreated mid-epoch draws its base seed from it), with nothing to save in the checkpoint."""
+    rows = batch.get("row_ids")  # absent in hand-made batches (benchmarks, unit tests)
+    seed = 0
+    for part in (batch.get("seed", 0), batch.get("step", 0), 0 if rows is None else int(rows[0]), 0x5EED):
+        seed = (seed * 1_000_003 + int(part)) % (2**63 - 1)
+    gen = torch.Generator(device=like.device).manual_seed(seed)
+    return torch.rand(like.shape, generator=gen, device=like.device, dtype=like.dtype)  # like's shape
+
+
 class EagleDrafter(DrafterBase):
     """EAGLE-1 (`cfg: EagleConfig`) or EAGLE-3 (`cfg: Eagle3Config`) draft head over a frozen backbone."""
 
@@ -219,7 +232,7 @@ class EagleDrafter(DrafterBase):
         ids, labels = batch["input_ids"], batch["labels"]  # (B, T)
         g = self.fuse([f.to(self.fc.weight.dtype) for f in feats])[:, :-1]  # (B, T-1, H)
         if self.training and self.cfg.noise > 0:
-            g = g + (torch.rand_like(g) - 0.5) * self.cfg.noise
+            g = g + (feature_noise(g, batch) - 0.5) * self.cfg.noise
         valid = batch["attention_mask"][:, 1:].bool()  # (B, T-1)
         steps = 1 if not self.v3 else self.cfg.ttt_steps
 

@@ -17,6 +17,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from headstart.cli_checks import missing_required, register_required_resolver, required_message
 from headstart.data import DataConfig
 from headstart.models import registry
 from headstart.models.backbone import BackboneConfig
@@ -90,6 +91,7 @@ class JobConfig:
 
 
 def register_configs() -> None:
+    register_required_resolver()
     cs = ConfigStore.instance()
     cs.store(name="job_schema", node=JobConfig)
     cs.store(group="optim", name="adamw", node=OptimConfig)
@@ -107,6 +109,8 @@ class EntryError(ValueError):
 def to_job(cfg: DictConfig, entry: str | None = None) -> JobConfig:
     """Composed DictConfig -> typed objects (runs every __post_init__ check). `entry`: the script that composed
     it (train/<entry>.py); a method that another script trains is refused, naming the right command."""
+    if missing := missing_required(cfg):
+        raise ValueError(required_message(missing))
     job = OmegaConf.to_object(cfg)
     method = registry.get(job.method_name)
     if registry.of_config(job.method) is not method:

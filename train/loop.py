@@ -26,9 +26,16 @@ from headstart.data import build_datasets, collate
 from headstart.logs import FILE_ONLY
 from headstart.models import registry
 from headstart.models.backbone import load_backbone
-from headstart.models.checkpoint import DRAFTER_DIR, build_drafter, save_drafter
+from headstart.models.checkpoint import CONFIG_NAME, DRAFTER_DIR, CheckpointError, build_drafter, save_drafter
 from headstart.tracking import LoggerConfig, log_model_artifact, training_run_kwargs
-from headstart.train.checkpoints import check_resumable, find_resume_dir, prune_checkpoints, save_checkpoint
+from headstart.train.checkpoints import (
+    check_resumable,
+    find_resume_dir,
+    prune_checkpoints,
+    read_step,
+    save_checkpoint,
+    set_aside_previous_run,
+)
 from headstart.train.config import JobConfig, TrainConfig
 from headstart.train.hidden_cache import collate_hidden, offline_datasets
 from headstart.train.metrics import GradNorm, MetricSums, Throughput, head_topk_accuracy, progress
@@ -96,10 +103,14 @@ def train(job: JobConfig, resolved: dict) -> Path:
     acc = make_accelerator(t, job.logger, job.run_dir)
     set_seed(t.seed)
     banner(job, acc)
-    check_resumable(run_dir, t.resume, resolved)
+    resume_dir = find_resume_dir(run_dir, t.resume)  # the newest complete checkpoint (damaged ones skipped)
+    check_resumable(resume_dir, run_dir, resolved)  # trained with these settings, or refused
     if acc.is_main_process:
+        if t.resume == "never" and (moved := set_aside_previous_run(run_dir)) is not None:
+            log.warning("train.resume=never: moved the previous run's checkpoints and drafter to %s", moved)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(json.dumps(resolved, indent=2, default=str))
+    acc.wait_for_everyone()
     with acc.main_process_first():  # the GGUF conversion and tokenization happen once, on the main process
         backbone = load_backbone(job.backbone, device=acc.device)
         train_ds, eval_ds, data_stats = build_datasets(
@@ -162,10 +173,15 @@ def train(job: JobConfig, resolved: dict) -> Path:
     )
 
     step = 0
-    resume_dir = find_resume_dir(run_dir, t.resume)
     if resume_dir is not None:
-        acc.load_state(str(resume_dir))
-        step = json.loads((resume_dir / "trainer_state.json").read_text())["step"]
+        try:
+            acc.load_state(str(resume_dir))
+        except Exception as e:  # noqa: BLE001 - sizes matched but the content is damaged: say which
+            raise CheckpointError(
+                f"checkpoint {resume_dir} could not be loaded ({type(e).__name__}: {str(e)[:200]}). Fix: move "
+                "it out of checkpoints/ to resume from the previous one, or train.resume=never"
+            ) from e
+        step = read_step(resume_dir)
         log.info("resumed from %s at step %d", resume_dir, step)
     init_tracking(acc, job.logger, job.run_dir, resolved, resuming=resume_dir is not None)
     log_model = job.logger.model_logging() if job.logger.kind == "wandb" else "none"
@@ -184,7 +200,7 @@ def train(job: JobConfig, resolved: dict) -> Path:
         for batch in batches:
             if t.trace_rows:
                 trace_rows(run_dir, acc.process_index, step, batch["row_ids"])
-            batch["step"] = step  # the optimizer step: methods that sample seed from it (resume-exact)
+            batch["step"], batch["seed"] = step, t.seed  # methods that sample seed from these (resume-exact)
             with acc.accumulate(drafter):
                 loss, metrics = forward_loss(acc, step_fn, backbone, drafter, batch)
                 acc.backward(loss)
@@ -244,6 +260,8 @@ def train(job: JobConfig, resolved: dict) -> Path:
     final_eval = last_eval  # the last step always evaluates (step == max_steps)
     if acc.is_main_process:
         last = run_dir / "checkpoints" / f"step_{step:08d}" / DRAFTER_DIR
+        if not final_eval and (last / CONFIG_NAME).is_file():  # no step ran (a finished run re-run): its eval
+            final_eval = json.loads((last / CONFIG_NAME).read_text()).get("eval", {})
         if last.is_dir():  # the last checkpoint's drafter is the final one: copy, don't recompute
             tmp = final.with_name(DRAFTER_DIR + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)

@@ -14,6 +14,7 @@ never emits more than max_new_tokens.
 from __future__ import annotations
 
 import inspect
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -33,6 +34,8 @@ from headstart.eval.engine.runner import ModelRunner
 from headstart.eval.engine.tree import Tree
 from headstart.models.backbone import eos_token_ids
 from headstart.models.registry import resolve
+
+log = logging.getLogger("headstart.eval")
 
 
 @dataclass
@@ -150,6 +153,16 @@ class Decoder:
                 f"prompt of {len(prompt_ids)} tokens + max_new_tokens={max_new_tokens} + verify width {width} "
                 f"needs {need} cache positions > max_cache_len={self.max_cache_len}; nothing is truncated. "
                 "Fix: Decoder(max_cache_len=...) or a shorter prompt / max_new_tokens"
+            )
+        limit = getattr(self.backbone.config, "max_position_embeddings", None)
+        if limit and len(prompt_ids) + max_new_tokens > limit:
+            log.warning(
+                "prompt of %d tokens + max_new_tokens=%d passes the backbone's position limit "
+                "(max_position_embeddings=%d): tokens past it are decoded at positions the model was not trained "
+                "on and may be garbage. Fix: a shorter prompt or max_new_tokens",
+                len(prompt_ids),
+                max_new_tokens,
+                limit,
             )
         generator = torch.Generator(device=self.device)
         if seed is None:

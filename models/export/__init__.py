@@ -10,7 +10,7 @@ from pathlib import Path
 from headstart.models import registry
 from headstart.models.checkpoint import read_meta, resolve_checkpoint
 from headstart.models.export.card import find_report
-from headstart.models.export.hub import push_folder
+from headstart.models.export.hub import check_hub_access, push_folder
 
 
 def layouts() -> list[str]:
@@ -36,6 +36,8 @@ def export(
             f"{drafter_dir} holds a {method.name} drafter, which exports as {list(method.layouts)}, not {wrong}. "
             "Fix: --layout all (every layout of the method) or one of those"
         )
+    if push:
+        check_hub_access(push)  # before writing anything: no token / no network is one line, not a traceback
     folders = method.exporter()(drafter_dir, meta, Path(out), layouts, find_report(drafter_dir))
     for folder in folders if push else []:
         push_folder(folder, push if len(folders) == 1 else f"{push}-{folder.name}", private)

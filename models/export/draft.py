@@ -18,7 +18,7 @@ import torch
 from headstart.models.backbone import DTYPES, BackboneConfig, load_backbone
 from headstart.models.checkpoint import load_drafter
 from headstart.models.distill import DistillDrafter
-from headstart.models.export.card import measured_lines
+from headstart.models.export.card import base_model_id, measured_lines, public_name
 
 
 def write_hf_draft(drafter: DistillDrafter, target, folder: Path, dtype: torch.dtype) -> Path:
@@ -59,7 +59,7 @@ def draft_model_card(meta: dict, base_model: str, draft_config: dict, report: di
         f"- init: {m['init']}" + (f" (target layers {m['keep_layers']})" if m["keep_layers"] else ""),
         f"- divergence: {loss}, temperature {m['temperature']}; data: {m['data_mode']}"
         + (f" (lambda {m['lambda_']})" if m["data_mode"] == "mixture" else ""),
-        f"- data: `{data.get('source', '?')}` (max_length {data.get('max_length', '?')}); steps: "
+        f"- data: `{public_name(data.get('source', 'sharegpt-package'))}` (max_length {data.get('max_length', '?')}); steps: "
         f"{meta.get('step', '?')}; optimizer: `{json.dumps(job.get('optim', {}))}`",
     ]
     ev = meta.get("eval") or {}
@@ -92,6 +92,6 @@ def export(drafter_dir: Path, meta: dict, out: Path, layouts: list[str], report:
     target = load_backbone(BackboneConfig(**{**meta["backbone"], "dtype": "float32"}))
     drafter, _ = load_drafter(drafter_dir, target, meta)
     write_hf_draft(drafter, target, out, DTYPES[bb_cfg.dtype])
-    base_model = bb_cfg.hub_id or bb_cfg.path
+    base_model = base_model_id(meta["backbone"])
     (Path(out) / "README.md").write_text(draft_model_card(meta, base_model, meta["draft_config"], report))
     return [Path(out)]

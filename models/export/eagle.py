@@ -131,11 +131,12 @@ def export(drafter_dir: Path, meta: dict, out: Path, layouts: list[str], report:
     """A headstart eagle/eagle3 checkpoint -> OUT/<layout> for each layout, with a model card."""
     from headstart.models.backbone import BackboneConfig, load_backbone
     from headstart.models.checkpoint import load_drafter
+    from headstart.models.export.card import base_model_id
 
     bb_cfg = BackboneConfig(**{**meta["backbone"], "dtype": "float32"})
     backbone = load_backbone(bb_cfg)
     drafter, _ = load_drafter(drafter_dir, backbone, meta)
-    base = bb_cfg.hub_id or bb_cfg.path
+    base = base_model_id(meta["backbone"])
     arch = list(getattr(backbone.config, "architectures", None) or [type(backbone.model).__name__])
     written = []
     for layout in layouts:

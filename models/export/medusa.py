@@ -114,11 +114,11 @@ def export(drafter_dir: Path, meta: dict, out: Path, layouts: list[str], report:
     """Medusa heads -> OUT/<layout> for each layout (OUT itself for one), each with a model card."""
     from headstart.models.backbone import BackboneConfig, load_backbone
     from headstart.models.checkpoint import load_drafter
-    from headstart.models.export.card import medusa_card
+    from headstart.models.export.card import base_model_id, medusa_card
 
     bb_cfg = BackboneConfig(**{**meta["backbone"], "dtype": "float32"})
     heads, _ = load_drafter(drafter_dir, load_backbone(bb_cfg), meta)
-    base_model = bb_cfg.hub_id or bb_cfg.path
+    base_model = base_model_id(meta["backbone"])
     written = []
     for layout in layouts:
         folder = out / layout if len(layouts) > 1 else out

@@ -49,6 +49,9 @@ def test_export_is_a_standard_hf_folder_usable_as_assistant_model(tmp_path, monk
     pushed = []
 
     class FakeApi:
+        def whoami(self):
+            return {"name": "me"}
+
         def create_repo(self, repo_id, private, exist_ok):
             pushed.append(("create", repo_id))
 

@@ -15,6 +15,8 @@ from headstart.models import registry
 from headstart.models.eagle_config import Eagle3Config
 from headstart.train.config import EntryError, JobConfig, register_configs, to_job
 
+from helpers import run_train, train_overrides, write_chat_file
+
 CONF = Path(__file__).resolve().parents[2] / "conf"
 register_configs()
 
@@ -124,3 +126,25 @@ def test_structured_node_rejects_unknown_nested_key():
     cfg = make([])
     with pytest.raises((ConfigKeyError, ConfigAttributeError)):
         cfg.train.not_a_key = 1
+
+
+def _one_line_error(res, *needles: str) -> None:
+    assert res.returncode == 2 and "Traceback" not in res.stdout + res.stderr, res.stderr[-3000:]
+    line = res.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: ") and all(n in line for n in needles), line
+
+
+def test_required_settings_are_required(tmp_path):
+    data = write_chat_file(tmp_path / "chat.jsonl")
+    over = train_overrides(tmp_path / "run", data, tmp_path / "cache")
+    res = run_train([o for o in over if not o.startswith("backbone=")] + ["backbone=hf"], check=False)
+    _one_line_error(res, "backbone.path is required", "backbone.path=...")
+    res = run_train([o for o in over if not o.startswith("data.source=")], check=False)
+    _one_line_error(res, "data.source is required", "data.source=...")
+    assert not (tmp_path / "run").exists()
+
+
+def test_required_setting_left_unset_is_refused_by_to_job():
+    with pytest.raises(ValueError, match=r"backbone.path is required here. Fix: add backbone.path=\.\.\."):
+        to_job(make(["backbone=hf"]))
+    assert to_job(make(["backbone=hf", "backbone.path=/models/x"])).backbone.path == "/models/x"

@@ -72,6 +72,9 @@ def test_export_cli_writes_cards_and_pushes_without_leaking_token(backbone, tmp_
     pushed = []
 
     class FakeApi:
+        def whoami(self):
+            return {"name": "me"}
+
         def create_repo(self, repo_id, private, exist_ok):
             pushed.append(("create", repo_id, private))
 

@@ -1,13 +1,9 @@
 """Full pipeline on the tiny model: train a few steps, check the exact files of a checkpoint, resume, and
-survive SIGKILL with the same final weights as an uninterrupted run."""
+survive SIGKILL (test_kill_resume.py: every method, bitwise)."""
 
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
-import time
 
 import torch
 from safetensors.torch import load_file
@@ -15,7 +11,7 @@ from safetensors.torch import load_file
 from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import load_drafter
 
-from helpers import REPO, env, run_train, train_overrides, write_chat_file
+from helpers import run_train, train_overrides, write_chat_file
 
 
 def test_train_checkpoint_files_and_resume(tmp_path):
@@ -66,36 +62,6 @@ def test_backbone_is_frozen_and_unchanged(tmp_path):
         torch.testing.assert_close(a, b, msg=n)
 
 
-def test_sigkill_mid_training_then_resume_matches_uninterrupted(tmp_path):
-    data = write_chat_file(tmp_path / "chat.jsonl", n=80)
-    extra = {
-        "train.max_steps": 30,
-        "train.save_every": 2,
-        "train.keep_checkpoints": 0,
-        "train.eval_every": 100,
-    }
-    straight = tmp_path / "straight"
-    run_train(train_overrides(straight, data, tmp_path / "cache", **extra))
-
-    killed = tmp_path / "killed"
-    cmd = [sys.executable, "train/medusa.py", *train_overrides(killed, data, tmp_path / "cache", **extra)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    target = killed / "checkpoints" / "step_00000010"
-    deadline = time.time() + 120
-    while not target.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (killed / "drafter").exists(), "the run finished before it was killed; the test proves nothing"
-    run_train(train_overrides(killed, data, tmp_path / "cache", **extra))
-
-    a = load_file(straight / "drafter" / "model.safetensors")
-    b = load_file(killed / "drafter" / "model.safetensors")
-    assert a.keys() == b.keys()
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
-
-
 def test_wandb_offline_logs_metrics(tmp_path):
     data = write_chat_file(tmp_path / "chat.jsonl")
     run_dir = tmp_path / "run"
@@ -113,5 +79,5 @@ def test_resuming_a_run_dir_with_another_data_or_method_config_is_refused(tmp_pa
         train_overrides(run_dir, data, tmp_path / "cache", **{"train.max_steps": 3, "method.num_heads": 3}),
         check=False,
     )
-    assert res.returncode == 2 and "different `method` config" in res.stderr
+    assert res.returncode == 2 and "method.num_heads: 2 -> 3" in res.stderr
     assert "Traceback" not in res.stderr

@@ -1,0 +1,73 @@
+"""Checks on a composed Hydra config that must run before Hydra itself touches anything (resolving and
+creating the run directory): a Hydra callback (`hydra.callbacks` in conf/train.yaml and conf/eval/eval.yaml)
+that turns a missing required setting or an unusable output folder into one line and exit code 2."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from headstart.errors import exit_user_error
+
+REQUIRED = "${required:"  # conf/*.yaml: `path: ${required:backbone.path}` marks a setting the user must give
+
+
+def _required(key: str):
+    raise ValueError(f"{key} is required. Fix: {key}=...")
+
+
+def register_required_resolver() -> None:
+    OmegaConf.register_new_resolver("required", _required, replace=True)
+
+
+def missing_required(cfg: DictConfig, prefix: str = "") -> list[str]:
+    """Keys still set to `${required:...}`. (YAML `???` cannot mark them: merging MISSING onto the schema's
+    default keeps the default, so `backbone=hf` without `backbone.path` would silently train SmolLM2.)"""
+    found = []
+    for key in cfg:
+        if prefix == "" and key == "hydra":
+            continue
+        value = cfg._get_node(key)
+        if isinstance(value, DictConfig):
+            found += missing_required(value, f"{prefix}{key}.")
+        elif OmegaConf.is_interpolation(cfg, key) and str(value._value()).startswith(REQUIRED):
+            found.append(f"{prefix}{key}")
+    return found
+
+
+def required_message(missing: list[str]) -> str:
+    return f"{', '.join(missing)} is required here. Fix: add " + ", ".join(f"{k}=..." for k in missing)
+
+
+def dir_problem(path: Path, key: str) -> str | None:
+    """Why `path` cannot be the output folder (created here when missing), or None."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        return f"{key}={path} is (inside) a file, not a folder. Fix: another {key}=..."
+    except OSError as e:
+        return f"{key}={path} cannot be created ({e.strerror}). Fix: a writable {key}=..."
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"{key}={path} is not writable. Fix: a writable {key}=..."
+    return None
+
+
+class RunChecks(Callback):
+    """`dir_key`: the config key Hydra's run dir is (run_dir for training, out_dir for eval)."""
+
+    def __init__(self, dir_key: str) -> None:
+        self.dir_key = dir_key
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        if missing := missing_required(config):
+            self._fail(required_message(missing))
+        out = Path(str(OmegaConf.select(config, "hydra.run.dir")))
+        if (problem := dir_problem(out, self.dir_key)) is not None:
+            self._fail(problem)
+
+    @staticmethod
+    def _fail(message: str) -> None:
+        exit_user_error(message)
