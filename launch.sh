@@ -51,7 +51,7 @@ ensure_deepspeed() {  # DeepSpeed is an extra: installed on first use of a DEEPS
 accelerate_launch() {
   local args=()
   if [[ -n ${ACCELERATE_CONFIG:-} ]]; then
-    [[ -f $ACCELERATE_CONFIG ]] || { echo "ACCELERATE_CONFIG=$ACCELERATE_CONFIG: no such file (see accelerate_configs/)" >&2; exit 2; }
+    [[ -f $ACCELERATE_CONFIG ]] || { echo "error: ACCELERATE_CONFIG=$ACCELERATE_CONFIG: no such file. Fix: one of accelerate_configs/*.yaml" >&2; exit 2; }
     args=(--config_file "$ACCELERATE_CONFIG")
     local dist
     dist=$(sed -n "s/^distributed_type: *['\"]\{0,1\}\([A-Z_]*\).*/\1/p" "$ACCELERATE_CONFIG")
@@ -67,7 +67,7 @@ accelerate_launch() {
     args=(--num_processes "$(( gpus > 0 ? gpus : 1 ))" --num_machines 1 --mixed_precision no --dynamo_backend no)
     (( gpus > 1 )) && args+=(--multi_gpu)
   fi
-  "$VENV/bin/accelerate" launch "${args[@]}" "$@"
+  "$PY" -m headstart.launch "${args[@]}" "$@"  # accelerate launch, without its traceback when a rank fails
 }
 
 # A training entry script (train/<verb>.py) with ITS exit code and one-line errors. One process (no

@@ -119,7 +119,8 @@ def load(src: Source, cfg: DataConfig, hf_cache: Path | None = None):
     else:  # a folder of data files (e.g. a cloned Hub dataset repository)
         args, kw = (str(src.path),), {**kw, "cache_dir": _cache(hf_cache)}
     try:
-        return datasets.load_dataset(*args, **kw)
+        with _quiet(src.kind != "hub"):  # a download has a progress bar worth seeing; a local conversion not
+            return datasets.load_dataset(*args, **kw)
     except (ConnectionError, FileNotFoundError) as e:  # DatasetNotFoundError is a FileNotFoundError
         if src.kind != "hub":
             raise DataError(
@@ -141,6 +142,20 @@ def load(src: Source, cfg: DataConfig, hf_cache: Path | None = None):
         if "config name is missing" in msg or "BuilderConfig" in msg:
             raise DataError(f"data.source={src.spec!r}: {msg} Fix: data.subset=<one of them>") from e
         raise
+
+
+@contextmanager
+def _quiet(quiet: bool) -> Iterator[None]:
+    import datasets
+
+    was = datasets.is_progress_bar_enabled()
+    if quiet:
+        datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if quiet and was:
+            datasets.enable_progress_bars()
 
 
 def _cache(hf_cache: Path | None) -> str | None:
