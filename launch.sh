@@ -15,11 +15,14 @@
 # Environment: HEADSTART_VENV (default .venv), HEADSTART_TORCH (the torch requirement installed first when the
 # venv has none; default torch==2.13.0 without an NVIDIA GPU, plain `torch` with one), ACCELERATE_CONFIG (an
 # accelerate config file, e.g. accelerate_configs/ddp.yaml: cpu_ddp.yaml starts 2 CPU ranks, a DEEPSPEED one
-# installs DeepSpeed on first use), HEADSTART_CACHE (converted backbones, tokenized data), HEADSTART_NO_SETUP=1
-# (use the venv as it is).
+# installs DeepSpeed on first use), HEADSTART_CACHE (converted backbones, tokenized data), OMP_WAIT_POLICY
+# (default PASSIVE), HEADSTART_NO_SETUP=1 (use the venv as it is).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 VENV=${HEADSTART_VENV:-.venv}
+# OpenMP threads sleep at barriers instead of spinning: on a shared CPU a spinning team waits for a member the kernel
+# parked behind another process, and decoding ran 3-40x slower (issue #11; eval/timing.py picks the thread count).
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 PY=$VENV/bin/python
 STAMP=$VENV/.headstart-installed
 

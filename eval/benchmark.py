@@ -7,7 +7,9 @@ Rows: ours vanilla, ours <the checkpoint's proposer> (with --checkpoint), ours p
 HF prompt lookup (`prompt_lookup_num_tokens`), HF assisted (`assistant_model`, with --draft). All greedy.
 tau = tokens per target forward after the prefill (the prefill's token and forward excluded, as in our
 `DecodeStats.tau`; for HF, forwards are counted by a hook on the target model), so plain decoding has tau = 1.
-Speedup is against our vanilla; `vs HF` against HF greedy.
+Speedup is against our vanilla, `vs HF` against HF greedy: medians of per-prompt ratios, every method run on a
+prompt back to back in rotating order and the prompts repeated in rounds until the 95% CIs are within --rel-ci
+or --budget-s is spent (eval/timing.py); bench.json records threads and load before and after.
 """
 
 from __future__ import annotations
@@ -24,6 +26,15 @@ from headstart.errors import exit_on_user_error
 from headstart.eval.config import DEFAULT_PROMPTS, EvalError
 from headstart.eval.prompts import chat_ids, load_prompts
 from headstart.eval.stage import resolve_device
+from headstart.eval.timing import (
+    Interleaved,
+    Sample,
+    TimingConfig,
+    choose_threads,
+    conditions,
+    finish_conditions,
+    summarize,
+)
 from headstart.models.backbone import Backbone, BackboneConfig, eos_token_ids, load_backbone
 from headstart.models.checkpoint import read_meta
 
@@ -46,6 +57,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="auto")
     p.add_argument("--warmup", type=int, default=1, help="prompts run untimed through every method first")
     p.add_argument("--out", default="", help="folder for bench.json and bench.md")
+    p.add_argument("--budget-s", type=float, default=60.0, help="seconds of repeated rounds (0: one round)")
+    p.add_argument(
+        "--rel-ci", type=float, default=0.05, help="stop once every ratio's 95%% CI is within this"
+    )
+    p.add_argument("--threads", type=int, default=0, help="CPU threads; 0: the cores free at the start")
     args = p.parse_args(argv)
     if not args.checkpoint and not args.backbone:
         raise EvalError(
@@ -142,7 +158,13 @@ def build_methods(args, backbone: Backbone, draft: Backbone | None, cache_len: i
     return methods
 
 
-def measure(methods: dict, prompts: list[list[int]], device: torch.device, warmup: int) -> dict[str, dict]:
+def measure(
+    methods: dict, prompts: list[list[int]], device: torch.device, warmup: int, timing: TimingConfig
+) -> tuple[dict[str, dict], Interleaved]:
+    """Every method on every prompt, the order rotating per prompt and round (eval/timing.py), in rounds until
+    each method's median ratio to ours vanilla is pinned down or the budget is spent. Tokens, tau and matches
+    come from each method's first run of a prompt; seconds from all runs."""
+
     def timed(fn, ids):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -155,36 +177,49 @@ def measure(methods: dict, prompts: list[list[int]], device: torch.device, warmu
     for ids in prompts[:warmup]:
         for fn in methods.values():
             fn(ids)
-    totals = {m: {"tokens": 0, "stepped": 0, "forwards": 0, "seconds": 0.0, "matches": 0} for m in methods}
-    for ids in prompts:  # interleaved: every method on this prompt before the next prompt
-        reference = None
-        for name, fn in methods.items():
-            tokens, stepped, forwards, seconds = timed(fn, ids)
-            reference = tokens if reference is None else reference  # the first method is ours vanilla
-            t = totals[name]
-            t["tokens"] += len(tokens)
-            t["stepped"] += stepped
-            t["forwards"] += forwards
-            t["seconds"] += seconds
-            t["matches"] += tokens == reference
-    return totals
+    first: dict[tuple[str, int], tuple] = {}
 
+    def run(name: str, unit: int) -> Sample:
+        tokens, stepped, forwards, seconds = timed(methods[name], prompts[unit])
+        first.setdefault((name, unit), (tokens, stepped, forwards))
+        return Sample(len(tokens), seconds, forwards + 1)
 
-def table(totals: dict[str, dict], n_prompts: int) -> list[dict]:
-    rate = {m: t["tokens"] / t["seconds"] if t["seconds"] else 0.0 for m, t in totals.items()}
-    base, hf = rate["ours vanilla"], rate["HF greedy"]
-    return [
-        {
-            "method": m,
-            "tokens_per_s": rate[m],
-            "tau": t["stepped"] / t["forwards"] if t["forwards"] else None,
-            "speedup_vs_ours_vanilla": rate[m] / base if base else None,
-            "ratio_vs_hf_greedy": rate[m] / hf if hf else None,
-            "matches_ours_vanilla": t["matches"] / n_prompts,
-            "new_tokens": t["tokens"],
+    timer = Interleaved(list(methods), "ours vanilla", timing)
+    timer.run(run, len(prompts))
+    totals = {}
+    for name in methods:
+        runs = [first[name, u] for u in range(len(prompts))]
+        samples = [s[name] for s in timer.samples.values()]
+        totals[name] = {
+            "tokens": sum(len(r[0]) for r in runs),
+            "stepped": sum(r[1] for r in runs),
+            "forwards": sum(r[2] for r in runs),
+            "timed_tokens": sum(x.tokens for x in samples),
+            "seconds": sum(x.seconds for x in samples),
+            "matches": sum(r[0] == first["ours vanilla", u][0] for u, r in enumerate(runs)),
         }
-        for m, t in totals.items()
-    ]
+    return totals, timer
+
+
+def table(totals: dict[str, dict], n_prompts: int, timer: Interleaved) -> list[dict]:
+    pairs = list(timer.samples.values())
+    rows = []
+    for m, t in totals.items():
+        vs = timer.summary(m) if m != "ours vanilla" else summarize([1.0])
+        hf = summarize([s[m].rate / s["HF greedy"].rate for s in pairs if s["HF greedy"].rate > 0])
+        rows.append(
+            {
+                "method": m,
+                "tokens_per_s": t["timed_tokens"] / t["seconds"] if t["seconds"] else 0.0,
+                "tau": t["stepped"] / t["forwards"] if t["forwards"] else None,
+                "speedup_vs_ours_vanilla": vs["median"],  # median of per-prompt, per-round ratios
+                "speedup_ci": vs["ci"],
+                "ratio_vs_hf_greedy": hf["median"],
+                "matches_ours_vanilla": t["matches"] / n_prompts,
+                "new_tokens": t["tokens"],
+            }
+        )
+    return rows
 
 
 def markdown(rows: list[dict], settings: dict) -> str:
@@ -195,13 +230,15 @@ def markdown(rows: list[dict], settings: dict) -> str:
     lines = [
         f"# Benchmark ({head})",
         "",
-        "| method | tokens/s | tau | speedup vs ours vanilla | vs HF greedy | == ours vanilla | new tokens |",
+        "| method | tokens/s | tau | speedup vs ours vanilla [95% CI] | vs HF greedy | == ours vanilla | new tokens |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        ci = r["speedup_ci"]
         lines.append(
             f"| {r['method']} | {f(r['tokens_per_s'], 1)} | {f(r['tau'])} | {f(r['speedup_vs_ours_vanilla'])} "
-            f"| {f(r['ratio_vs_hf_greedy'])} | {f(r['matches_ours_vanilla'])} | {r['new_tokens']} |"
+            f"[{f(ci[0])}, {f(ci[1])}] | {f(r['ratio_vs_hf_greedy'])} | {f(r['matches_ours_vanilla'])} "
+            f"| {r['new_tokens']} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -228,8 +265,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for t in pick_prompts(args.prompts, args.n)
     ]
     cache_len = max(len(p) for p in prompts) + args.max_new_tokens + 256  # room for one step's verify tree
-    totals = measure(build_methods(args, backbone, draft, cache_len), prompts, device, args.warmup)
-    rows = table(totals, len(prompts))
+    timing = TimingConfig(budget_s=args.budget_s, rel_ci=args.rel_ci, threads=args.threads)
+    threads = choose_threads(timing.threads) if device.type == "cpu" else None
+    cond = conditions(device, bcfg.dtype)
+    totals, timer = measure(
+        build_methods(args, backbone, draft, cache_len), prompts, device, args.warmup, timing
+    )
+    rows = table(totals, len(prompts), timer)
     settings = {
         "backbone": bcfg.name,
         "dtype": bcfg.dtype,
@@ -237,13 +279,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
         "num_draft_tokens": args.num_draft_tokens,
+        "threads": torch.get_num_threads(),
+        "rounds": timer.rounds,
     }
+    extra = {"conditions": {**finish_conditions(cond), "threads_chosen": threads}, "timing": timer.report()}
     text = markdown(rows, settings)
     print(text)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "bench.json").write_text(json.dumps({"settings": settings, "rows": rows}, indent=2))
+        (out / "bench.json").write_text(json.dumps({"settings": settings, "rows": rows, **extra}, indent=2))
         (out / "bench.md").write_text(text)
     return rows
 

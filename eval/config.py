@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import headstart.data
 from headstart.eval.engine.proposers import DRAFT, PROPOSERS
+from headstart.eval.timing import TimingConfig
 from headstart.models.backbone import DTYPES
 from headstart.tracking import LoggerConfig
 
@@ -50,6 +51,8 @@ class EvalConfig:
     draft: str = ""  # method=draft: the draft model (Hub id, folder or .gguf), same tokenizer as the target
     warmup: int = 1  # prompts decoded untimed (both paths) before measuring
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    # interleaved rounds, stopping rule, physical checks, CPU threads (eval/timing.py): timing.budget_s=0 for one pass
+    timing: TimingConfig = field(default_factory=TimingConfig)
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -93,5 +96,5 @@ def to_eval_config(cfg: DictConfig) -> EvalConfig:
         return OmegaConf.to_object(cfg)
     except EvalError:
         raise
-    except ValueError as e:  # a nested schema's range check (logger.kind=...)
+    except ValueError as e:  # a nested schema's range check (logger.kind=..., timing.rel_ci=...)
         raise EvalError(str(e)) from e

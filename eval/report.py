@@ -54,6 +54,32 @@ def plot_speedup(report: dict, path: Path) -> Path:
     return path
 
 
+def _span(xs) -> str:
+    return f"[{xs[0]:.3f}, {xs[1]:.3f}]" if xs else "n/a"
+
+
+def timing_lines(t: dict | None) -> list[str]:
+    """report.md's section on how the speedup was measured: flags, the bound, step costs, conditions."""
+    if not t:
+        return []
+    c = t["conditions"]
+    lines = ["", "## Timing", ""]
+    lines += [f"- **FLAGGED** (not used to rank): {f}" for f in t["flags"]]
+    lines += [
+        f"- {t['pairs']} vanilla/spec pairs over {t['rounds']} rounds (order alternating), {t['retimed']} "
+        f"re-timed, {t['outliers']} still out of line; converged: {t['converged']}",
+        f"- bound max(1, tau * c_1 / c_W): {_fmt(t['bound'], 3)}x; expected from step costs: "
+        f"{_span(t['expected_range'])}",
+        f"- step costs (ms): width 1 {_fmt(t['step_ms']['vanilla'], 2)}, width {t['verify_width']} "
+        f"{_fmt(t['step_ms']['spec'], 2)}; drafter per step {_fmt(t['draft_ms_per_step'], 2)}",
+        f"- {c['device']} ({c['device_name']}), {c['dtype']}, {c['threads']} threads "
+        f"(chosen: {c['threads_chosen']}), OMP env {c['omp_env'] or '{}'}, {c['usable_cores']} cores",
+        f"- busy cores before / after: {c['busy_cores_before']} / {c['busy_cores_after']}; "
+        f"load average before / after: {c['load_avg_before']} / {c['load_avg_after']}",
+    ]
+    return lines
+
+
 def markdown(report: dict) -> str:
     r = report
     lines = [
@@ -67,7 +93,10 @@ def markdown(report: dict) -> str:
         "| metric | value |",
         "|---|---|",
         f"| tau (tokens / target forward) | {_fmt(r['tau'], 3)} |",
-        f"| speedup vs vanilla (median per prompt) | {_fmt(r['speedup'], 3)} ({_fmt(r['speedup_median'], 3)}) |",
+        f"| speedup vs vanilla (median of {r.get('speedup_pairs', 'n/a')} interleaved pairs) | "
+        f"{_fmt(r['speedup'], 3)}{' **FLAGGED**' if r.get('speedup_flags') else ''} |",
+        f"| 95% CI / IQR of the speedup | {_span(r.get('speedup_ci'))} / {_span(r.get('speedup_iqr'))} |",
+        f"| speedup predicted from tau and step costs | {_fmt(r.get('predicted_speedup'), 3)} |",
         f"| efficiency (speedup / tau) | {_fmt(r['efficiency'], 3)} |",
         f"| tokens/s vanilla / spec | {_fmt(r['tokens_per_s']['vanilla'], 1)} / {_fmt(r['tokens_per_s']['spec'], 1)} |",
         f"| greedy output == vanilla | {_fmt(r['greedy_matches_vanilla'], 3)} |",
@@ -96,6 +125,7 @@ def markdown(report: dict) -> str:
     rates = r.get("acceptance_rate_by_position", [])
     for i, a in enumerate(r["acceptance_by_position"]):
         lines.append(f"| {i + 1} | {a:.3f} | {_fmt(rates[i] if i < len(rates) else None, 3)} |")
+    lines += timing_lines(r.get("timing"))
     if r["prompts"]["bad_examples"]:
         lines += ["", "## Skipped prompt rows", ""] + [f"- {e}" for e in r["prompts"]["bad_examples"]]
     lines += ["", "![acceptance](acceptance_by_position.png)", "![speedup](speedup_by_category.png)", ""]
@@ -124,8 +154,16 @@ def write_report(out_dir: str | Path, report: dict, records: list[dict]) -> dict
 
 
 def best_index(entries: list[dict]) -> int:
-    """Best checkpoint: highest measured speedup, ties broken by tau."""
-    return max(range(len(entries)), key=lambda i: (entries[i]["speedup"] or 0.0, entries[i]["tau"] or 0.0))
+    """Best checkpoint by a figure the machine's load cannot move: the highest tau (the checkpoints of a run
+    share method, tree and backbone, so their step costs are the same and tau orders their speedups too);
+    ties broken by the measured speedup, a flagged one counting as none."""
+
+    def key(i: int) -> tuple[float, float]:
+        e = entries[i]
+        measured = 0.0 if e.get("flags") else e.get("speedup") or 0.0
+        return e["tau"] or 0.0, measured
+
+    return max(range(len(entries)), key=key)
 
 
 def write_runs_summary(out_dir: str | Path, entries: list[dict]) -> dict:
@@ -138,11 +176,19 @@ def write_runs_summary(out_dir: str | Path, entries: list[dict]) -> dict:
         e["best"] = i == best
     summary = {"best": entries[best]["checkpoint"], "checkpoints": entries}
     (out / "runs.json").write_text(json.dumps(summary, indent=2))
-    lines = ["# Checkpoints", "", "| checkpoint | step | tau | speedup | best |", "|---|---|---|---|---|"]
+    lines = [
+        "# Checkpoints",
+        "",
+        "Best = highest tau (load-independent); measured speedup = median of interleaved pairs [95% CI].",
+        "",
+        "| checkpoint | step | tau | predicted speedup | measured speedup [95% CI] | best |",
+        "|---|---|---|---|---|---|",
+    ]
     for e in entries:
+        flag = " **FLAGGED**" if e.get("flags") else ""
         lines.append(
-            f"| `{e['checkpoint']}` | {_fmt(e['step'])} | {_fmt(e['tau'], 3)} | {_fmt(e['speedup'], 3)} "
-            f"| {'**best**' if e['best'] else ''} |"
+            f"| `{e['checkpoint']}` | {_fmt(e['step'])} | {_fmt(e['tau'], 3)} | {_fmt(e.get('predicted_speedup'), 3)} "
+            f"| {_fmt(e['speedup'], 3)} {_span(e.get('speedup_ci'))}{flag} | {'**best**' if e['best'] else ''} |"
         )
     lines += ["", "![tau vs step](tau_vs_step.png)", ""]
     (out / "runs.md").write_text("\n".join(lines))

@@ -1,8 +1,10 @@
 """Measure a speculative decoder against vanilla decoding on the same prompts, in the same process.
 
-Speedup follows Spec-Bench (Xia et al. 2024, "Unlocking Efficiency in Large Language Model Inference"): for each
-prompt, vanilla then speculative decoding through the same `Decoder` code path (interleaved, after a warm-up, so
-drift in clocks or thermals hits both alike); speedup = spec tokens/s / vanilla tokens/s over all prompts.
+Speedup is measured as in Spec-Bench (Xia et al. 2024, "Unlocking Efficiency in Large Language Model Inference"):
+vanilla and speculative decoding through the same `Decoder` code path on the same prompts, after a warm-up. How
+(eval/measure.py): turn by turn, back to back, in rounds; speedup = the median of the per-turn rate ratios, with
+its 95% CI (eval/timing.py), checked against the step costs (eval/bounds.py). `speedup_of_totals` keeps
+Spec-Bench's ratio of total rates over the first pass.
 tau (mean tokens emitted per target forward after the prefill, bonus token included; the decoder's
 `DecodeStats.tau`, so vanilla is exactly 1) = sum(accepted_per_step) / target forwards, summed over prompts.
 
@@ -12,13 +14,14 @@ tau (mean tokens emitted per target forward after the prefill, bonus token inclu
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from headstart.eval.config import EvalError
 from headstart.eval.prompts import Prompt, chat_ids
+from headstart.eval.timing import summarize
 from headstart.models import registry
 from headstart.models.backbone import eos_token_ids
 
@@ -45,6 +48,17 @@ def check_fits(n_prompt: int, opts: GenOpts, where: str) -> None:
         )
 
 
+def decode_turn(decoder, ids: list[int], opts: GenOpts, seed: int, eos: list[int], device) -> dict:
+    """One timed generate() -> {tokens, stats (DecodeStats), wall_s}."""
+    _sync(device)
+    start = time.perf_counter()
+    out = decoder.generate(
+        ids, opts.max_new_tokens, temperature=opts.temperature, top_p=opts.top_p, seed=seed, eos_token_ids=eos
+    )
+    _sync(device)
+    return {"tokens": list(out.tokens), "stats": out.stats, "wall_s": time.perf_counter() - start}
+
+
 def answer(decoder, backbone, prompt: Prompt, opts: GenOpts, seed: int) -> list[dict]:
     """Answer every turn of `prompt`; each answer becomes the assistant message before the next user turn.
     Returns one dict per turn: tokens, stats (DecodeStats), wall_s."""
@@ -55,20 +69,10 @@ def answer(decoder, backbone, prompt: Prompt, opts: GenOpts, seed: int) -> list[
         messages.append({"role": "user", "content": user})
         ids = chat_ids(tok, messages)
         check_fits(len(ids), opts, f"prompt {prompt.question_id!r} turn {t + 1}")
-        _sync(device)
-        start = time.perf_counter()
-        out = decoder.generate(
-            ids,
-            opts.max_new_tokens,
-            temperature=opts.temperature,
-            top_p=opts.top_p,
-            seed=seed + t,
-            eos_token_ids=eos,
+        turns.append(decode_turn(decoder, ids, opts, seed + t, eos, device))
+        messages.append(
+            {"role": "assistant", "content": tok.decode(turns[-1]["tokens"], skip_special_tokens=True)}
         )
-        _sync(device)
-        wall = time.perf_counter() - start
-        turns.append({"tokens": list(out.tokens), "stats": out.stats, "wall_s": wall})
-        messages.append({"role": "assistant", "content": tok.decode(out.tokens, skip_special_tokens=True)})
     return turns
 
 
@@ -103,33 +107,6 @@ def summarize_turns(turns: list[dict]) -> dict:
     return s
 
 
-def score_prompts(
-    vanilla, spec, backbone, prompts: list[Prompt], opts: GenOpts, warmup: int = 1, on_prompt=None
-) -> list[dict]:
-    """Interleaved per prompt: vanilla, then spec, same decoder code path. One record per prompt."""
-    for p in prompts[:warmup]:  # untimed: kernels, allocator and caches warm on both paths
-        short = replace(opts, max_new_tokens=min(opts.max_new_tokens, 16))
-        answer(vanilla, backbone, Prompt(p.question_id, p.category, p.turns[:1]), short, opts.seed)
-        answer(spec, backbone, Prompt(p.question_id, p.category, p.turns[:1]), short, opts.seed)
-    records = []
-    for i, p in enumerate(prompts):
-        seed = opts.seed + 1000 * i
-        v, s = answer(vanilla, backbone, p, opts, seed), answer(spec, backbone, p, opts, seed)
-        records.append(
-            {
-                "question_id": p.question_id,
-                "category": p.category,
-                "match": all(a["tokens"] == b["tokens"] for a, b in zip(v, s)),
-                "vanilla": summarize_turns(v),
-                "spec": summarize_turns(s),
-                "answers": [backbone.tokenizer.decode(t["tokens"], skip_special_tokens=True) for t in s],
-            }
-        )
-        if on_prompt is not None:
-            on_prompt(i + 1, len(prompts))
-    return records
-
-
 def _rate(tokens: float, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else 0.0
 
@@ -147,7 +124,7 @@ def _tps(records: list[dict], side: str) -> float:
     return _rate(sum(r[side]["new_tokens"] for r in records), sum(r[side]["wall_s"] for r in records))
 
 
-def _tau(records: list[dict]) -> float | None:
+def tau_of(records: list[dict]) -> float | None:
     return _ratio(
         sum(r["spec"]["step_tokens"] for r in records), sum(r["spec"]["target_forwards"] for r in records)
     )
@@ -157,8 +134,17 @@ def _speedup(records: list[dict]) -> float | None:
     return _ratio(_tps(records, "spec"), _tps(records, "vanilla"))
 
 
-def aggregate(records: list[dict], greedy: bool) -> dict:
-    """Records of `score_prompts` -> the report's metrics (totals over prompts, then per category)."""
+def _unit_ratios(records: list[dict], timing: dict | None) -> list[tuple[int, float]]:
+    """(record index, spec/vanilla rate ratio) per timed pair; without a timing report, one per record."""
+    if timing is not None:
+        return [(u["prompt"], x) for u in timing["units"] for x in u["ratios"]]
+    return [(i, x) for i, r in enumerate(records) if (x := _speedup([r])) is not None]
+
+
+def aggregate(records: list[dict], greedy: bool, timing: dict | None = None) -> dict:
+    """Records (and the timing report) of `score_prompts` -> the report's metrics. speedup = median of the
+    per-turn, per-round ratios (eval/timing.py) with its 95% CI and IQR; tau and acceptance are totals over
+    the first pass. A flagged speedup (timing["flags"]) is reported but never ranks a checkpoint."""
     fwd = sum(r["spec"]["target_forwards"] for r in records)
     accepted, proposed, times = [], [], {}
     for r in records:
@@ -167,14 +153,15 @@ def aggregate(records: list[dict], greedy: bool) -> dict:
         for k, t in r["spec"]["time_s"].items():
             times[k] = times.get(k, 0.0) + t
     total = times.get("total") or sum(t for k, t in times.items() if k != "total")
-    tau, speedup = _tau(records), _speedup(records)
-    per_prompt = [x for r in records if (x := _speedup([r])) is not None]
+    ratios = _unit_ratios(records, timing)
+    spread = summarize([x for _, x in ratios])
+    tau, speedup = tau_of(records), spread["median"]
     categories = {}
     for name in sorted({r["category"] for r in records}):
         sub = [r for r in records if r["category"] == name]
         categories[name] = {
-            "tau": _tau(sub),
-            "speedup": _speedup(sub),
+            "tau": tau_of(sub),
+            "speedup": summarize([x for i, x in ratios if records[i]["category"] == name])["median"],
             "n": len(sub),
             "tokens_per_s": {"vanilla": _tps(sub, "vanilla"), "spec": _tps(sub, "spec")},
         }
@@ -185,9 +172,13 @@ def aggregate(records: list[dict], greedy: bool) -> dict:
 
     return {
         "tau": tau,
-        "speedup": speedup,
-        # median of per-prompt speedups: robust to a busy machine slowing a few prompts (each pair is interleaved)
-        "speedup_median": float(np.median(per_prompt)) if per_prompt else None,
+        "speedup": speedup,  # median over interleaved pairs, robust to load that hits a few of them
+        "speedup_ci": spread["ci"],  # 95%, distribution-free
+        "speedup_iqr": spread["iqr"],
+        "speedup_pairs": spread["n"],
+        "speedup_of_totals": _speedup(records),  # Spec-Bench's ratio of total rates, first pass only
+        "speedup_flags": list(timing["flags"]) if timing else [],  # non-empty: never used to rank
+        "predicted_speedup": timing["predicted_speedup"] if timing else None,
         "efficiency": _ratio(speedup, tau) if speedup is not None else None,  # speedup per accepted token
         "tokens_per_s": {"vanilla": _tps(records, "vanilla"), "spec": _tps(records, "spec")},
         "new_tokens": {side: sum(r[side]["new_tokens"] for r in records) for side in ("vanilla", "spec")},

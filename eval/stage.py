@@ -20,9 +20,10 @@ from tqdm.auto import tqdm
 from headstart.eval.config import EvalConfig, EvalError
 from headstart.eval.engine.decoder import Decoder, build_decoder
 from headstart.eval.engine.proposers import DRAFT, PROPOSERS, VANILLA
+from headstart.eval.measure import score_prompts
 from headstart.eval.prompts import PromptSet, chat_ids, load_prompts
 from headstart.eval.report import log_wandb, write_report, write_runs_summary
-from headstart.eval.score import GenOpts, aggregate, check_fits, score_prompts
+from headstart.eval.score import GenOpts, aggregate, check_fits
 from headstart.models import registry
 from headstart.models.backbone import Backbone, BackboneConfig, load_backbone
 from headstart.models.checkpoint import LoadedDrafter, find_checkpoints, load_drafter, step_of
@@ -82,7 +83,7 @@ class Evaluator:
         if cfg.draft:  # an HF draft model named on the command line
             dcfg = BackboneConfig(name="draft", path=cfg.draft, dtype=bcfg.dtype)
             opts["draft_backbone"] = self.backbone(dcfg)
-        loaded = LoadedDrafter(*load_drafter(ckpt, backbone, meta)) if uses_drafter else None
+        loaded = LoadedDrafter(*load_drafter(ckpt, backbone, meta), ckpt) if uses_drafter else None
         vanilla = Decoder(backbone, VANILLA, max_cache_len=cfg.max_cache_len)
         spec = build_decoder(method, backbone, loaded, **{k: v for k, v in opts.items() if v is not None})
         return method, vanilla, spec
@@ -98,7 +99,7 @@ class Evaluator:
         n = len(self.prompts.prompts)
         log.info("scoring %s (%s) on %d prompts -> %s", ckpt, method, n, out_dir)
         with tqdm(total=n, desc=f"eval {method} vs vanilla", unit="prompt") as bar:
-            records = score_prompts(
+            records, timing = score_prompts(
                 vanilla,
                 spec,
                 backbone,
@@ -106,6 +107,7 @@ class Evaluator:
                 self.opts,
                 cfg.warmup,
                 on_prompt=lambda i, total: bar.update(i - bar.n),
+                timing=cfg.timing,
             )
         report = {
             "method": method,
@@ -126,10 +128,14 @@ class Evaluator:
                 "bad_rows": self.prompts.bad_rows,
                 "bad_examples": self.prompts.bad_examples,
             },
-            **aggregate(records, greedy=cfg.temperature == 0),
+            **aggregate(records, greedy=cfg.temperature == 0, timing=timing),
+            "timing": timing,  # pairs, rounds, step costs, bound, flags, threads and load (eval/timing.py)
         }
         figures = write_report(out_dir, report, records)
-        log.info("%s: tau %.3f, speedup %.3fx", ckpt, report["tau"] or 0, report["speedup"] or 0)
+        log.info("%s: tau %.3f, speedup %.3fx %s", ckpt, report["tau"] or 0, report["speedup"] or 0,
+                 report["speedup_ci"])  # fmt: skip
+        for flag in report["speedup_flags"]:
+            log.warning("%s: speedup flagged, not used to rank: %s", ckpt, flag)
         return {"report": report, "figures": figures}
 
 
@@ -141,7 +147,9 @@ def score_run_dir(ev: Evaluator, checkpoints: dict[Path, dict], root: Path, out:
         res = ev.evaluate(ckpt, meta, sub)
         r = res["report"]
         entries.append({"checkpoint": str(ckpt), "step": r["step"], "tau": r["tau"], "speedup": r["speedup"],
-                        "efficiency": r["efficiency"], "report": str(sub / "report.json")})  # fmt: skip
+                        "speedup_ci": r["speedup_ci"], "predicted_speedup": r["predicted_speedup"],
+                        "flags": r["speedup_flags"], "efficiency": r["efficiency"],
+                        "report": str(sub / "report.json")})  # fmt: skip
         figures[str(ckpt)] = res["figures"]
     summary = write_runs_summary(out, entries)
     best = next(e for e in summary["checkpoints"] if e["best"])

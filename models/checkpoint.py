@@ -30,10 +30,11 @@ class CheckpointError(ValueError):
 
 @dataclass
 class LoadedDrafter:
-    """A drafter and the config.json it was loaded with (read once)."""
+    """A drafter, the config.json it was loaded with (read once) and its folder."""
 
     drafter: Drafter
     meta: dict
+    path: Path | None = None
 
 
 def build_drafter(method: str, method_cfg, backbone: Backbone) -> Drafter:

@@ -34,6 +34,16 @@ import time
 import torch
 import torch.nn.functional as F
 
+from headstart.eval.timing import (
+    Interleaved,
+    Sample,
+    TimingConfig,
+    choose_threads,
+    conditions,
+    finish_conditions,
+    summarize,
+)
+
 VARIANTS = ("chunked", "chunked_shared", "naive")  # the default run: Medusa
 DISTILL_VARIANTS = ("distill", "distill_naive")
 EAGLE_VARIANTS = ("eagle3", "eagle3_naive", "eagle", "eagle_naive")
@@ -145,6 +155,8 @@ def step_loss(args, backbone, drafter, ids, labels) -> torch.Tensor:
 def run_variant(args) -> dict:
     from headstart.models.backbone import BackboneConfig, load_backbone
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     if args.backbone == "tiny":
         bb_cfg = BackboneConfig(name="tiny", path="tiny", dtype=args.dtype)
@@ -170,6 +182,8 @@ def run_variant(args) -> dict:
     return {
         "variant": args.variant,
         "step_s": step_s,
+        "step_times_s": times,
+        "threads": torch.get_num_threads(),
         "tokens_per_s": args.batch * args.seq_len / step_s,
         "peak_rss_mb": peak_mb,
         "loss": float(loss),
@@ -193,6 +207,11 @@ def main() -> None:
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--variant", help=argparse.SUPPRESS)  # internal: run one variant in this process
     p.add_argument("--out", help="write the results as JSON here")
+    p.add_argument("--repeats", type=int, default=3, help="rounds of every variant, order rotating")
+    p.add_argument(
+        "--budget-s", type=float, default=600.0, help="stop starting rounds after this many seconds"
+    )
+    p.add_argument("--threads", type=int, default=0, help="CPU threads; 0: the cores free at the start")
     args = p.parse_args()
     if args.variant:
         print(json.dumps(run_variant(args)))
@@ -201,31 +220,62 @@ def main() -> None:
     unknown = sorted(set(variants) - set(ALL_VARIANTS))
     if unknown:
         p.error(f"--variants: unknown {unknown}; expected some of {list(ALL_VARIANTS)}")
+    threads = choose_threads(args.threads)  # the children get the same count
+    cond = conditions("cpu", args.dtype)
     shared = ["--backbone", args.backbone, "--dtype", args.dtype, "--heads", str(args.heads)]
     shared += ["--draft-layers", str(args.draft_layers), "--divergence", args.divergence]
     shared += ["--ttt-steps", str(args.ttt_steps), "--draft-vocab", str(args.draft_vocab)]
     shared += ["--batch", str(args.batch), "--seq-len", str(args.seq_len), "--steps", str(args.steps)]
-    rows = []
-    for variant in variants:
+    shared += ["--threads", str(threads)]
+    results: dict[str, list[dict]] = {v: [] for v in variants}
+
+    def run(variant: str, _unit: int) -> Sample:
         cmd = [sys.executable, __file__, "--variant", variant, *shared]
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode != 0:
             sys.exit(f"variant {variant} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        print(json.dumps(rows[-1]), flush=True)
-    print(f"\n{'variant':<16}{'tok/s':>10}{'peak MB':>10}{'speed x':>9}{'mem x':>8}")
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+        results[variant].append(row)
+        print(json.dumps(row), flush=True)
+        return Sample(
+            args.batch * args.seq_len * len(row["step_times_s"]), sum(row["step_times_s"]), args.steps
+        )
+
+    # rounds of every variant in rotating order, so load that comes and goes hits all of them alike
+    base = next((v for v in variants if v.endswith("naive")), variants[0])
+    timer = Interleaved(variants, base, TimingConfig(budget_s=args.budget_s, max_rounds=args.repeats))
+    timer.run(run, units=1)
+
+    def naive_of(v: str) -> str:
+        return {"distill": "distill_naive", "eagle3": "eagle3_naive", "eagle": "eagle_naive"}.get(
+            v.removesuffix("_naive"), "naive"
+        )
+
+    rows = []
+    for v in variants:
+        rates = [s[v].rate for s in timer.samples.values()]
+        nv = naive_of(v) if naive_of(v) in variants else v
+        speed = summarize([s[v].rate / s[nv].rate for s in timer.samples.values()])  # same round: adjacent
+        peak = max(r["peak_rss_mb"] for r in results[v])
+        base_peak = max(r["peak_rss_mb"] for r in results[nv])
+        rows.append({"variant": v, "tokens_per_s": float(sorted(rates)[len(rates) // 2]), "peak_rss_mb": peak,
+                     "speed_x": speed["median"], "speed_x_ci": speed["ci"], "mem_x": peak / base_peak,
+                     "rounds": len(rates), "loss": results[v][0]["loss"]})  # fmt: skip
+    cond = {**finish_conditions(cond), "threads_chosen": threads}
+    print(f"\n{'variant':<16}{'tok/s':>10}{'peak MB':>10}{'speed x [95% CI]':>24}{'mem x':>8}")
     for r in rows:
-        naive = {"distill": "distill_naive", "eagle3": "eagle3_naive", "eagle": "eagle_naive"}.get(
-            r["variant"].removesuffix("_naive"), "naive"
-        )
-        base = next((b for b in rows if b["variant"] == naive), r)  # vs the same method's naive loss
+        ci = f"[{r['speed_x_ci'][0]:.2f}, {r['speed_x_ci'][1]:.2f}]"
         print(
-            f"{r['variant']:<16}{r['tokens_per_s']:>10.1f}{r['peak_rss_mb']:>10.0f}"
-            f"{r['tokens_per_s'] / base['tokens_per_s']:>9.2f}{r['peak_rss_mb'] / base['peak_rss_mb']:>8.2f}"
+            f"{r['variant']:<16}{r['tokens_per_s']:>10.1f}{r['peak_rss_mb']:>10.0f}{r['speed_x']:>10.2f} {ci:>13}"
+            f"{r['mem_x']:>8.2f}"
         )
+    print(f"({timer.rounds} rounds; {threads} threads; load before / after {cond['load_avg_before']} / "
+          f"{cond['load_avg_after']}; OMP env {cond['omp_env']})")  # fmt: skip
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(rows, f, indent=2)
+            json.dump(
+                {"rows": rows, "conditions": cond, "timing": timer.report(), "runs": results}, f, indent=2
+            )
 
 
 if __name__ == "__main__":

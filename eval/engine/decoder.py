@@ -17,6 +17,7 @@ import inspect
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -277,7 +278,7 @@ def build_decoder(method: str, backbone, checkpoint_dir=None, **opts) -> Decoder
 
     loaded = checkpoint_dir
     if loaded is not None and not isinstance(loaded, LoadedDrafter):
-        loaded = LoadedDrafter(*load_drafter(loaded, backbone))
+        loaded = LoadedDrafter(*load_drafter(loaded, backbone), Path(loaded))
     if loaded is not None:
         served = loaded.drafter.serving(backbone, loaded.meta)
         opts = {**{k: v for k, v in served.items() if v is not None}, **opts}

@@ -75,10 +75,11 @@ RECORDS = [
 def test_aggregate_by_hand():
     m = aggregate(RECORDS, greedy=True)
     assert m["tokens_per_s"] == pytest.approx({"vanilla": 10.0, "spec": 15.0})  # 30 tok / 3 s, 30 tok / 2 s
-    assert m["speedup"] == pytest.approx(1.5)
-    assert m["speedup_median"] == pytest.approx((2.0 + (20 / 1.5) / 10) / 2)
+    assert m["speedup_of_totals"] == pytest.approx(1.5)
+    assert m["speedup"] == pytest.approx((2.0 + (20 / 1.5) / 10) / 2)  # median of the per-prompt ratios
+    assert m["speedup_ci"] == pytest.approx([20 / 15, 2.0]) and m["speedup_pairs"] == 2  # < 6 pairs: min, max
     assert m["tau"] == pytest.approx((9 + 19) / 14)
-    assert m["efficiency"] == pytest.approx(1.5 / 2.0)
+    assert m["efficiency"] == pytest.approx(m["speedup"] / 2.0)
     assert m["acceptance_by_position"] == pytest.approx([9 / 14, 5 / 14, 1 / 14])
     assert m["acceptance_rate_by_position"] == pytest.approx([9 / 14, 5 / 10, 1 / 2])
     assert m["categories"]["a"]["tau"] == pytest.approx(9 / 4) and m["categories"]["a"][
@@ -93,10 +94,12 @@ def test_aggregate_by_hand():
     assert aggregate(RECORDS, greedy=False)["greedy_matches_vanilla"] is None
 
 
-def test_best_is_highest_speedup_then_tau():
-    entries = [{"speedup": 1.2, "tau": 2.0}, {"speedup": 1.4, "tau": 1.9}, {"speedup": 1.4, "tau": 2.1}]
-    assert best_index(entries) == 2
+def test_best_is_highest_tau_then_unflagged_speedup():
+    entries = [{"speedup": 3.4, "tau": 2.0}, {"speedup": 1.4, "tau": 2.1}, {"speedup": 1.2, "tau": 1.9}]
+    assert best_index(entries) == 1  # tau decides: load cannot move it
     assert best_index([{"speedup": None, "tau": 1.0}, {"speedup": 0.9, "tau": 1.0}]) == 1
+    tied = [{"speedup": 1.1, "tau": 1.5}, {"speedup": 3.4, "tau": 1.5, "flags": ["above_bound: ..."]}]
+    assert best_index(tied) == 0  # a flagged figure never decides
 
 
 def _report() -> dict:
@@ -159,6 +162,7 @@ def test_unknown_key_and_wrong_type_fail_at_compose_time():
         ("dtype=int8", "dtype"),
         ("method=foo", "method"),
         ("checkpoint=", "checkpoint="),
+        ("timing.rel_ci=2", "rel_ci"),
     ],
 )
 def test_range_checks_name_the_key(override, match):

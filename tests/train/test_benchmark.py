@@ -40,13 +40,20 @@ def test_chunked_and_naive_distill_losses_agree():
 def test_cli_runs_the_distill_variants_on_tiny(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, "train/benchmark.py", "--backbone", "tiny", "--steps", "1", "--seq-len", "32"]
-    cmd += ["--variants", "distill,distill_naive", "--out", str(out)]
+    cmd += ["--variants", "distill,distill_naive", "--out", str(out), "--repeats", "2"]
     res = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=180)
     assert res.returncode == 0, res.stderr[-3000:]
-    rows = json.loads(out.read_text())
+    saved = json.loads(out.read_text())
+    rows = saved["rows"]
     assert [r["variant"] for r in rows] == ["distill", "distill_naive"]
-    assert all(r["tokens_per_s"] > 0 and r["peak_rss_mb"] > 0 for r in rows)
-    assert "distill_naive" in res.stdout.splitlines()[-1]  # the summary table
+    assert all(r["tokens_per_s"] > 0 and r["peak_rss_mb"] > 0 and r["rounds"] == 2 for r in rows)
+    assert (
+        rows[1]["speed_x"] == 1.0
+        and rows[0]["speed_x_ci"][0] <= rows[0]["speed_x"] <= rows[0]["speed_x_ci"][1]
+    )
+    assert saved["conditions"]["threads"] >= 1 and "load_avg_after" in saved["conditions"]
+    assert "distill_naive" in res.stdout.splitlines()[-2]  # the summary table, then the conditions line
+    assert "threads" in res.stdout.splitlines()[-1]
 
 
 @pytest.mark.parametrize("variant", ["eagle3", "eagle"])

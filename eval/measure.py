@@ -1,0 +1,139 @@
+"""Score a speculative decoder against vanilla decoding on a prompt set: both sides decode every turn back to back
+(the order alternating, each side continuing its own conversation), the turns are re-timed in rounds until the
+median ratio is pinned down (eval/timing.py), and the figure is checked against the step costs (eval/bounds.py).
+The CPU thread count is chosen for the run (`choose_threads`) and restored afterwards.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import torch
+
+from headstart.eval.bounds import check, predict, step_costs, verify_shape
+from headstart.eval.prompts import Prompt, chat_ids
+from headstart.eval.score import (
+    GenOpts,
+    answer,
+    check_fits,
+    decode_turn,
+    summarize_turns,
+    tau_of,
+)
+from headstart.eval.timing import (
+    Interleaved,
+    Sample,
+    TimingConfig,
+    choose_threads,
+    conditions,
+    finish_conditions,
+)
+from headstart.models.backbone import eos_token_ids
+
+
+def _sample(turn: dict) -> Sample:
+    st = turn["stats"]
+    return Sample(len(turn["tokens"]), turn["wall_s"], st.target_forwards + 1, dict(st.time_s))
+
+
+def score_prompts(
+    vanilla,
+    spec,
+    backbone,
+    prompts: list[Prompt],
+    opts: GenOpts,
+    warmup: int = 1,
+    on_prompt=None,
+    timing: TimingConfig | None = None,
+) -> tuple[list[dict], dict]:
+    """Vanilla and spec decoding turn by turn, the order alternating (eval/timing.py), each side continuing
+    its own conversation; then the turns re-timed in rounds until the median ratio is pinned down, and the
+    figure checked against the step costs (eval/bounds.py). -> one record per prompt (tokens and stats of
+    the first pass), the timing report (ratios per unit, costs, checks, conditions)."""
+    timing = timing or TimingConfig()
+    threads_before = torch.get_num_threads()
+    try:  # the thread count is this eval's choice; the caller's is restored afterwards
+        threads = choose_threads(timing.threads) if backbone.device.type == "cpu" else None
+        return _score(vanilla, spec, backbone, prompts, opts, warmup, on_prompt, timing, threads)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _score(
+    vanilla, spec, backbone, prompts, opts, warmup, on_prompt, timing, threads
+) -> tuple[list[dict], dict]:
+    tok, eos, device = backbone.tokenizer, eos_token_ids(backbone), backbone.device
+    cond = conditions(device, str(backbone.dtype).removeprefix("torch."))
+    decoders = {"vanilla": vanilla, "spec": spec}
+    for p in prompts[:warmup]:  # untimed: kernels, allocator and caches warm on both paths
+        short = replace(opts, max_new_tokens=min(opts.max_new_tokens, 16))
+        answer(vanilla, backbone, Prompt(p.question_id, p.category, p.turns[:1]), short, opts.seed)
+        answer(spec, backbone, Prompt(p.question_id, p.category, p.turns[:1]), short, opts.seed)
+    timer = Interleaved(["vanilla", "spec"], "vanilla", timing)
+    units, records = [], []
+    for i, p in enumerate(prompts):
+        seed = opts.seed + 1000 * i
+        messages: dict[str, list] = {"vanilla": [], "spec": []}
+        turns: dict[str, list] = {"vanilla": [], "spec": []}
+        for t, user in enumerate(p.turns):
+            ids = {}
+            for side in decoders:
+                messages[side].append({"role": "user", "content": user})
+                ids[side] = chat_ids(tok, messages[side])
+                check_fits(len(ids[side]), opts, f"prompt {p.question_id!r} turn {t + 1}")
+            units.append({"prompt": i, "turn": t, "ids": ids, "seed": seed + t})
+            for side in timer.order(len(units) - 1, 0):
+                turns[side].append(decode_turn(decoders[side], ids[side], opts, seed + t, eos, device))
+            timer.add(len(units) - 1, 0, {side: _sample(turns[side][-1]) for side in decoders})
+            for side in decoders:
+                text = tok.decode(turns[side][-1]["tokens"], skip_special_tokens=True)
+                messages[side].append({"role": "assistant", "content": text})
+        v, s = turns["vanilla"], turns["spec"]
+        records.append(
+            {
+                "question_id": p.question_id,
+                "category": p.category,
+                "match": all(a["tokens"] == b["tokens"] for a, b in zip(v, s)),
+                "vanilla": summarize_turns(v),
+                "spec": summarize_turns(s),
+                "answers": [tok.decode(t["tokens"], skip_special_tokens=True) for t in s],
+            }
+        )
+        if on_prompt is not None:
+            on_prompt(i + 1, len(prompts))
+
+    def rerun(side: str, u: int) -> Sample:
+        unit = units[u]
+        return _sample(decode_turn(decoders[side], unit["ids"][side], opts, unit["seed"], eos, device))
+
+    timer.run(rerun, len(units))
+    context = sorted(units, key=lambda u: len(u["ids"]["vanilla"]))[len(units) // 2]["ids"]["vanilla"]
+    context = (context * 2)[: len(context) + opts.max_new_tokens // 2]  # a mid-answer cache length
+    shapes = {"vanilla": verify_shape(vanilla), "spec": verify_shape(spec)}
+    tau = tau_of(records)
+    for attempt in range(2):  # a figure that fails a check is re-measured once, then flagged
+        costs = step_costs(backbone, shapes, context, timing.cost_reps)
+        pred = predict(timer, costs)
+        speedup = timer.summary("spec")["median"]
+        checks = check(speedup, tau, costs, pred, len(timer.outliers) / len(timer.samples), timing.bound_tol)
+        if not checks["flags"] or attempt:
+            break
+        rnd = timer.n_rounds()  # one more round of every unit, its outliers re-timed
+        for u in range(len(units)):
+            timer.time_unit(rerun, u, rnd)
+        timer.retime_outliers(rerun, time.perf_counter() + timing.budget_s)
+        timer.rounds = timer.n_rounds()
+    unit_of = {u: (x["prompt"], x["turn"]) for u, x in enumerate(units)}
+    report = {
+        **timer.report(),
+        "units": [
+            {"prompt": p, "turn": t, "ratios": timer.ratios("spec", {u})} for u, (p, t) in unit_of.items()
+        ],
+        "step_ms": {k: 1000 * c for k, c in costs.items()},
+        "verify_width": shapes["spec"][0],
+        **pred,
+        **checks,
+        "conditions": {**finish_conditions(cond), "threads_chosen": threads},
+    }
+    return records, report
