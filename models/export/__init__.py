@@ -9,7 +9,7 @@ from pathlib import Path
 
 from headstart.models import registry
 from headstart.models.checkpoint import read_meta, resolve_checkpoint
-from headstart.models.export.card import find_report
+from headstart.models.export.card import THIS_REPO, find_report
 from headstart.models.export.hub import check_hub_access, push_folder
 
 
@@ -24,11 +24,13 @@ def export(
     layouts: list[str] | None = None,
     push: str | None = None,
     private: bool = False,
+    license: str | None = None,
 ) -> list[Path]:
     """Write `layouts` (empty: every layout of the checkpoint's method) under `out`; push each folder to the
-    Hub repo `push` (suffixed with the folder name when there are several)."""
+    Hub repo `push` (suffixed with the folder name when there are several). `license`: the cards' license
+    (the base model's; `other` when not given)."""
     drafter_dir = resolve_checkpoint(Path(checkpoint))
-    meta = read_meta(drafter_dir)
+    meta = {**read_meta(drafter_dir), "card": {"license": license}}
     method = registry.get(meta["method"])
     layouts = list(layouts or method.layouts)
     if wrong := [layout for layout in layouts if layout not in method.layouts]:
@@ -40,5 +42,8 @@ def export(
         check_hub_access(push)  # before writing anything: no token / no network is one line, not a traceback
     folders = method.exporter()(drafter_dir, meta, Path(out), layouts, find_report(drafter_dir))
     for folder in folders if push else []:
-        push_folder(folder, push if len(folders) == 1 else f"{push}-{folder.name}", private)
+        repo_id = push if len(folders) == 1 else f"{push}-{folder.name}"
+        card = folder / "README.md"  # its serving snippets name the repo they are pushed to
+        card.write_text(card.read_text().replace(THIS_REPO, repo_id))
+        push_folder(folder, repo_id, private)
     return folders
