@@ -129,7 +129,8 @@ def model_card(
         library_name=library,
         license=opts.get("license") or "other",
         datasets=card_datasets(data) or None,
-        tags=["speculative-decoding", "headstart", meta["method"], *tags],
+        tags=["speculative-decoding", "headstart", meta["method"], *tags]
+        + (["self-distillation"] if data.get("responses") == "regenerated" else []),
         pipeline_tag="text-generation",
         model_name=title,
         eval_results=results or None,
