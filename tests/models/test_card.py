@@ -130,3 +130,33 @@ def test_sharegpt_package_names_the_hub_dataset():
     assert card_datasets({"source": "sharegpt-package"}) == [SHAREGPT_HUB_ID]
     assert card_datasets({}) == [SHAREGPT_HUB_ID]
     assert card_datasets({"source": "/data/x.jsonl"}) == []
+
+
+def test_serve_check_figures_become_model_index_results():
+    """vLLM's tau and speedup for the layout (the serve check's report, eval/serve_check.py) beside ours."""
+    from headstart.models.export.card import eval_results
+
+    report = {
+        "method": "medusa",
+        "temperature": 0.0,
+        "tau": 1.6,
+        "speedup": 1.2,
+        "prompts": {"file": "p.jsonl"},
+    }
+    serve = {
+        "prompts": 8,
+        "vllm_package": "vllm 0.11",
+        "vanilla": {"vllm_tokens_per_s": 100.0},
+        "layouts": [
+            {"layout": "medusa-vllm", "vllm": {"loaded": True, "tau": 1.61, "tokens_per_s": 130.0}},
+            {"layout": "eagle3", "vllm": {"loaded": False}},
+        ],
+    }
+    got = [(r.dataset_type, r.metric_type, r.metric_value) for r in eval_results(report, serve, "vllm")]
+    assert got == [
+        ("p.jsonl", "tau", 1.6),
+        ("p.jsonl", "speedup", 1.2),
+        ("serve-check-prompts", "tau", 1.61),
+        ("serve-check-prompts", "speedup", 1.3),
+    ]
+    assert [r.metric_type for r in eval_results(None, serve, "eagle3")] == []  # did not load in vLLM
