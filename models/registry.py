@@ -71,7 +71,7 @@ METHODS: dict[str, Method] = {
             export="headstart.models.export.medusa:export",
             layouts=("medusa", "vllm"),
         ),
-        Method("eagle", EagleConfig, layouts=("eagle",), **_EAGLE),
+        Method("eagle", EagleConfig, layouts=("eagle", "eagle_vllm"), **_EAGLE),
         Method("eagle3", Eagle3Config, layouts=("eagle3", "speculators"), **{**_EAGLE, "proposer": "eagle3"}),
         Method(
             "distillspec",

@@ -11,6 +11,14 @@ from headstart.models import registry
 from headstart.models.checkpoint import read_meta, resolve_checkpoint
 from headstart.models.export.card import THIS_REPO, find_report
 from headstart.models.export.hub import check_hub_access, push_folder
+from headstart.models.export.serve_card import append_serve_check
+
+
+def vllm_serving(method: registry.Method) -> dict[str, tuple[str, bool]]:
+    """{layout: (vLLM speculative_config method, whether vLLM must serve it)} for a method's layouts."""
+    import importlib
+
+    return importlib.import_module(method.export.partition(":")[0]).VLLM
 
 
 def layouts() -> list[str]:
@@ -41,6 +49,8 @@ def export(
     if push:
         check_hub_access(push)  # before writing anything: no token / no network is one line, not a traceback
     folders = method.exporter()(drafter_dir, meta, Path(out), layouts, find_report(drafter_dir))
+    for folder in folders:  # vLLM's figures, when the serve check ran (eval/serve_check.py)
+        append_serve_check(folder / "README.md", drafter_dir)
     for folder in folders if push else []:
         repo_id = push if len(folders) == 1 else f"{push}-{folder.name}"
         card = folder / "README.md"  # its serving snippets name the repo they are pushed to

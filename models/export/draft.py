@@ -20,6 +20,8 @@ from headstart.models.checkpoint import load_drafter
 from headstart.models.distill import DistillDrafter
 from headstart.models.export.card import save_card
 
+VLLM = {"hf": ("draft_model", True)}  # layout -> (vLLM speculative_config method, must serve)
+
 
 def write_hf_draft(drafter: DistillDrafter, target, folder: Path, dtype: torch.dtype) -> Path:
     """The draft LM in `dtype`, with the target's tokenizer and generation config (EOS ids, pad)."""

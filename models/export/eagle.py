@@ -3,7 +3,10 @@
 - `eagle3` (SafeAILab/EAGLE-3 and SGLang's `LlamaForCausalLMEagle3`): `fc.weight` (H, 3H), `midlayer.*` (q/k/v
   read 2H), `norm.weight`, `lm_head.weight` (Dv, H), `d2t` (Dv,) int64, `t2d` (V,) bool; LlamaConfig-style
   config.json with `draft_vocab_size` and `eagle_config.eagle_aux_hidden_state_layer_ids`. SGLang reads id j
-  as the *output* of layer j (it captures before layer j+1), so we write (our input-of-layer id) - 1.
+  as the *output* of layer j (it captures before layer j+1), so we write (our input-of-layer id) - 1. vLLM
+  loads this layout too, but reads the same ids as *inputs* of layers (one layer early) unless a top-level
+  `eagle_aux_hidden_state_layer_ids` exists, which it prefers and SGLang ignores: so that key carries our ids
+  as they are, and each engine fuses the layers the drafter was trained on.
 - `speculators` (vllm-project/speculators, loaded by vLLM's eagle3 model): the same tensors with `layers.0.*`;
   config `speculators_model_type: eagle3`, `transformer_layer_config`, `draft_vocab_size`,
   `norm_before_residual` (always written: False, the residual is the un-normed feature), top-level
@@ -11,6 +14,10 @@
   `speculators_config` naming the verifier.
 - `eagle` (SafeAILab/EAGLE-1, SGLang `LlamaForCausalLMEagle`): `fc.weight`/`fc.bias` (H, 2H), `layers.0.*` without
   `input_layernorm` (EAGLE's layer 0 has none); config.json LlamaConfig-style with `bias: true`.
+- `eagle_vllm` (vLLM's `EagleLlamaForCausalLM`, method "eagle"): vLLM builds `fc` without a bias and, for
+  `bias: true`, q/k/v/o biases. fc's bias b is folded into them exactly: the layer's input is x + b (no input
+  norm), so q/k/v gain W b (RoPE is applied after the projection, bias included) and the residual's + b
+  becomes o_proj's bias. Loading `eagle` instead fails in vLLM (no parameter for `fc.bias`).
 """
 
 from __future__ import annotations
@@ -23,8 +30,36 @@ from safetensors.torch import load_file, save_file
 
 from headstart.models.eagle import Eagle3Config, EagleConfig, EagleDrafter
 
-V1_LAYOUTS, V3_LAYOUTS = ("eagle",), ("eagle3", "speculators")  # what an EAGLE-1 / EAGLE-3 drafter writes
-PREFIX = {"eagle": "layers.0.", "eagle3": "midlayer.", "speculators": "layers.0."}
+# what an EAGLE-1 / EAGLE-3 drafter can be written as
+V1_LAYOUTS, V3_LAYOUTS = ("eagle", "eagle_vllm"), ("eagle3", "speculators")
+# layout -> (vLLM speculative_config method, must serve in vLLM); `eagle` is the EAGLE repo / SGLang layout, whose
+# fc.bias vLLM's fc lacks: served for information only
+VLLM = {
+    "eagle": ("eagle", False),
+    "eagle_vllm": ("eagle", True),
+    "eagle3": ("eagle3", True),
+    "speculators": ("eagle3", True),
+}
+PREFIX = {"eagle": "layers.0.", "eagle_vllm": "layers.0.", "eagle3": "midlayer.", "speculators": "layers.0."}
+ATTN = "layers.0.self_attn."
+
+
+def fold_fc_bias(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """EAGLE-1 tensors with fc.bias moved into q/k/v/o biases (vLLM's fc has no bias; see the docstring)."""
+    out = dict(tensors)
+    b = out.pop("fc.bias").float()  # (H,)
+    for name in ("q_proj", "k_proj", "v_proj"):
+        w = out[f"{ATTN}{name}.weight"]
+        out[f"{ATTN}{name}.bias"] = (w.float() @ b).to(w.dtype)  # (out,)
+    out[f"{ATTN}o_proj.bias"] = b.to(out["fc.weight"].dtype)
+    return out
+
+
+def unfold_fc_bias(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of fold_fc_bias (o_proj's bias is b; the q/k/v biases follow from it)."""
+    out = {k: v for k, v in tensors.items() if not (k.startswith(ATTN) and k.endswith(".bias"))}
+    out["fc.bias"] = tensors[f"{ATTN}o_proj.bias"]
+    return out
 
 
 def _llama_config(d: EagleDrafter) -> dict:
@@ -61,13 +96,20 @@ def to_layout(d: EagleDrafter, layout: str, base_model: str, verifier_arch: list
     config = _llama_config(d)
     if layout == "eagle":
         return {**config, "architectures": ["LlamaForCausalLM"], "bias": True}, tensors
+    if layout == "eagle_vllm":
+        return {**config, "architectures": ["LlamaForCausalLM"], "bias": True}, fold_fc_bias(tensors)
     aux = list(d.aux_layers)
     config |= {"draft_vocab_size": len(d.d2t)}
     if layout == "eagle3":
         if 0 in aux:
             raise ValueError("aux layer 0 (the embeddings) has no 'output of layer j' id for SGLang/EAGLE-3")
         eagle = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in aux], "use_aux_hidden_state": True}
-        return {**config, "architectures": ["LlamaForCausalLMEagle3"], "eagle_config": eagle}, tensors
+        return {
+            **config,
+            "architectures": ["LlamaForCausalLMEagle3"],
+            "eagle_config": eagle,  # SGLang / EAGLE-3: output of layer j
+            "eagle_aux_hidden_state_layer_ids": aux,  # vLLM (read first there): input of layer i
+        }, tensors
     return {
         "architectures": ["Eagle3Speculator"],
         "speculators_model_type": "eagle3",
@@ -106,6 +148,8 @@ def read_layout(folder: Path, backbone) -> EagleDrafter:
         layout, aux = "eagle3", [j + 1 for j in config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
     else:
         layout, aux = "eagle", None
+        if "fc.bias" not in tensors:  # eagle_vllm: the bias was folded into the attention
+            tensors = unfold_fc_bias(tensors)
     if aux is None:
         cfg = EagleConfig()
     else:

@@ -19,6 +19,9 @@ from safetensors.torch import load_file, save_file
 from headstart.models.medusa import MedusaConfig, MedusaHeads
 
 LAYOUTS = ("medusa", "vllm")
+VLLM = {
+    "vllm": ("medusa", True)
+}  # layout -> (vLLM speculative_config method, must serve); the repo layout is not vLLM's
 
 
 def _lm_weight(heads: MedusaHeads, h: int) -> torch.Tensor:
@@ -32,7 +35,9 @@ def to_medusa_repo(heads: MedusaHeads, base_model: str) -> tuple[dict, dict[str,
         for i, res in enumerate(block):
             tensors[f"{h}.{i}.linear.weight"] = res.linear.weight.detach()
             tensors[f"{h}.{i}.linear.bias"] = res.linear.bias.detach()
-        tensors[f"{h}.{cfg.num_layers}.weight"] = _lm_weight(heads, h)  # the repo always stores one per head
+        # The repo stores one lm_head per head; a shared one is copied per head, since safetensors refuses
+        # tensors that share memory.
+        tensors[f"{h}.{cfg.num_layers}.weight"] = _lm_weight(heads, h).clone()
     config = {
         "medusa_num_heads": cfg.num_heads,
         "medusa_num_layers": cfg.num_layers,

@@ -73,6 +73,11 @@ def test_eagle3_layouts(backbone, tmp_path, layout):
             0,
             0,
         ]  # SGLang: output of layer j
+        assert cfg["eagle_aux_hidden_state_layer_ids"] == [
+            1,
+            1,
+            1,
+        ]  # vLLM reads this one first: input of layer i
         assert cfg["num_hidden_layers"] == 1 and cfg["vocab_size"] == 259
     else:
         assert cfg["speculators_model_type"] == "eagle3" and cfg["norm_before_residual"] is False
@@ -94,6 +99,27 @@ def test_eagle1_layout(backbone, tmp_path):
     assert (
         cfg["architectures"] == ["LlamaForCausalLM"] and cfg["bias"] is True and cfg["num_hidden_layers"] == 1
     )
+    torch.testing.assert_close(
+        _logits(read_layout(tmp_path, backbone).eval(), backbone), _logits(d, backbone)
+    )
+
+
+def test_eagle1_vllm_layout_folds_fc_bias_exactly(backbone, tmp_path):
+    d = _perturbed(build_drafter("eagle", EagleConfig(), backbone))
+    write_layout(d, "eagle_vllm", tmp_path, "tiny-base", ["LlamaForCausalLM"])
+    t = load_file(tmp_path / "model.safetensors")
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    attn = {f"layers.0.self_attn.{p}_proj.bias" for p in "qkvo"}
+    assert set(t) == {"fc.weight"} | {"layers.0." + n for n in LAYER} | attn  # vLLM's fc has no bias
+    assert cfg["bias"] is True  # vLLM builds the q/k/v/o biases for it
+    torch.testing.assert_close(t["layers.0.self_attn.o_proj.bias"], d.fc.bias.detach())
+    # vLLM's computation: fc without bias, then the layer with the folded biases == ours with fc.bias
+    layer, ids = d.layer, torch.tensor([[5, 9, 33, 70]])
+    final, _ = backbone(ids)
+    emb = backbone.embed_tokens(ids)
+    x = torch.cat([emb, final], -1) @ t["fc.weight"].T  # (1, T, H)
+    q = x @ t["layers.0.self_attn.q_proj.weight"].T + t["layers.0.self_attn.q_proj.bias"]
+    torch.testing.assert_close(q, layer.self_attn.q_proj(d.fc(torch.cat([emb, final], -1))))
     torch.testing.assert_close(
         _logits(read_layout(tmp_path, backbone).eval(), backbone), _logits(d, backbone)
     )

