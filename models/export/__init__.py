@@ -11,7 +11,7 @@ from headstart.models import registry
 from headstart.models.checkpoint import read_meta, resolve_checkpoint
 from headstart.models.export.card import THIS_REPO, find_report
 from headstart.models.export.hub import check_hub_access, push_folder
-from headstart.models.export.serve_card import append_serve_check
+from headstart.models.export.serve_card import append_serve_check, find_serve_check
 
 
 def vllm_serving(method: registry.Method) -> dict[str, tuple[str, bool]]:
@@ -38,7 +38,11 @@ def export(
     Hub repo `push` (suffixed with the folder name when there are several). `license`: the cards' license
     (the base model's; `other` when not given)."""
     drafter_dir = resolve_checkpoint(Path(checkpoint))
-    meta = {**read_meta(drafter_dir), "card": {"license": license}}
+    # what the cards add: the license, and vLLM's figures when the serve check ran (eval/serve_check.py)
+    meta = {
+        **read_meta(drafter_dir),
+        "card": {"license": license, "serve_check": find_serve_check(drafter_dir)},
+    }
     method = registry.get(meta["method"])
     layouts = list(layouts or method.layouts)
     if wrong := [layout for layout in layouts if layout not in method.layouts]:

@@ -67,8 +67,9 @@ def prompts_name(report: dict) -> str:
     return f"{prompts} prompts"
 
 
-def eval_results(report: dict | None, serve_check: dict | None, layout: str) -> list:
-    """model-index entries: headstart's measured tau and speedup; vLLM's for this layout when it was served."""
+def eval_results(report: dict | None, serve_check: dict | None, served: str) -> list:
+    """model-index entries: headstart's measured tau and speedup; vLLM's for the layout the serve check named
+    `served` (`<method>-<layout>`), when it loaded there."""
     from huggingface_hub import EvalResult
 
     out = []
@@ -86,8 +87,8 @@ def eval_results(report: dict | None, serve_check: dict | None, layout: str) -> 
         if report.get("speedup") is not None:
             out.append(EvalResult(**common, metric_type="speedup", metric_name="speedup over plain decoding",
                                   metric_value=round(float(report["speedup"]), 4)))  # fmt: skip
-    for r in (serve_check or {}).get("layouts", []):
-        if not r["layout"].endswith(layout) or not r["vllm"].get("loaded"):
+    for r in (serve_check or {}).get("layouts", []):  # named <method>-<layout> (eval/serving.py)
+        if r["layout"] != served or not r["vllm"].get("loaded"):
             continue
         common = {
             "task_type": "text-generation",
@@ -112,18 +113,18 @@ def model_card(
     serve: list[str],
     library: str,
     report: dict | None,
-    serve_check: dict | None = None,
     tags: tuple[str, ...] = (),
 ):
     """The README.md of one exported folder as a `ModelCard`. `about`: what the drafter is (markdown lines);
-    `serve`: how to serve this layout. The license is the one export was given (`--license`), else `other`."""
+    `serve`: how to serve this layout. `meta["card"]` (set by `export`): the license it was given
+    (`--license`, else `other`) and the serve check's report, when it ran."""
     from huggingface_hub import ModelCard, ModelCardData
 
     opts = meta.get("card") or {}
     job = meta.get("job", {})
     data = job.get("data", {})
     base = base_model_id(meta["backbone"])
-    results = eval_results(report, serve_check, layout)
+    results = eval_results(report, opts.get("serve_check"), f"{meta['method']}-{layout}")
     card_data = ModelCardData(
         base_model=hub_id(base),
         library_name=library,

@@ -76,7 +76,7 @@ def draft_model_card(meta: dict, draft_config: dict, report: dict | None):
         f"With vLLM: `LLM(model=\"{base}\", speculative_config={spec})` or "
         f"`vllm serve {base} --speculative-config '{spec}'`.",
     ]  # fmt: skip
-    return model_card(meta, layout="draft", title=f"DistillSpec draft model for {base}", about=about,
+    return model_card(meta, layout="hf", title=f"DistillSpec draft model for {base}", about=about,
                       serve=serve, library="transformers", report=report, tags=("draft-model", "distillspec"))  # fmt: skip
 
 

@@ -152,11 +152,13 @@ def test_serve_check_figures_become_model_index_results():
             {"layout": "eagle3", "vllm": {"loaded": False}},
         ],
     }
-    got = [(r.dataset_type, r.metric_type, r.metric_value) for r in eval_results(report, serve, "vllm")]
+    got = [
+        (r.dataset_type, r.metric_type, r.metric_value) for r in eval_results(report, serve, "medusa-vllm")
+    ]
     assert got == [
         ("p.jsonl", "tau", 1.6),
         ("p.jsonl", "speedup", 1.2),
         ("serve-check-prompts", "tau", 1.61),
         ("serve-check-prompts", "speedup", 1.3),
     ]
-    assert [r.metric_type for r in eval_results(None, serve, "eagle3")] == []  # did not load in vLLM
+    assert [r.metric_type for r in eval_results(None, serve, "eagle3")] == []  # not loaded in vLLM
