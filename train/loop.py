@@ -27,7 +27,7 @@ from headstart.logs import FILE_ONLY
 from headstart.models import registry
 from headstart.models.backbone import load_backbone
 from headstart.models.checkpoint import CONFIG_NAME, DRAFTER_DIR, CheckpointError, build_drafter, save_drafter
-from headstart.tracking import LoggerConfig, log_model_artifact, training_run_kwargs
+from headstart.tracking import LoggerConfig
 from headstart.train.checkpoints import (
     check_resumable,
     find_resume_dir,
@@ -39,7 +39,7 @@ from headstart.train.checkpoints import (
 from headstart.train.config import JobConfig, TrainConfig
 from headstart.train.hidden_cache import collate_hidden, offline_datasets
 from headstart.train.metrics import GradNorm, MetricSums, Throughput, head_topk_accuracy, progress
-from headstart.train.monitor import banner, data_line, measured_tau, trace_rows
+from headstart.train.monitor import banner, data_line, init_tracking, log_artifact, measured_tau, trace_rows
 from headstart.train.sampling import EpochShuffle
 
 log = logging.getLogger("headstart.train")
@@ -83,18 +83,6 @@ def check_strategy(acc: Accelerator, t: TrainConfig) -> None:
                 f"(train.device={t.device}, use_cpu / ACCELERATE_USE_CPU). Fix: on GPUs drop those; on a CPU "
                 "use accelerate_configs/cpu_ddp.yaml (DDP), or DeepSpeed without use_cpu"
             )
-
-
-def init_tracking(
-    acc: Accelerator, logger: LoggerConfig, run_dir: str, resolved: dict, resuming: bool
-) -> None:
-    """W&B through accelerate's tracker; a resumed run continues its W&B run (id kept in the run dir)."""
-    if logger.kind != "wandb":
-        return
-    if logger.mode:
-        os.environ["WANDB_MODE"] = logger.mode
-    wandb_kw = training_run_kwargs(logger, run_dir, resuming) if acc.is_main_process else {}
-    acc.init_trackers(logger.project, config=resolved, init_kwargs={"wandb": wandb_kw})
 
 
 def train(job: JobConfig, resolved: dict) -> Path:
@@ -274,11 +262,6 @@ def train(job: JobConfig, resolved: dict) -> Path:
         log_artifact(acc, final, step, ["final", "latest"], final_eval)
     acc.end_training()
     return final
-
-
-def log_artifact(acc: Accelerator, folder: Path, step: int, aliases: list[str], metrics: dict) -> None:
-    if acc.is_main_process:
-        log_model_artifact(acc.get_tracker("wandb", unwrap=True), folder, step, aliases, metrics)
 
 
 def forward_loss(acc: Accelerator, step_fn, backbone, drafter, batch) -> tuple[torch.Tensor, dict]:
