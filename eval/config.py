@@ -1,4 +1,4 @@
-"""Typed schema for `eval/run.py`. conf/eval/eval.yaml only fills values; `EvalConfig` is registered in Hydra's
+"""Typed schema for `eval/run.py`. eval/conf/eval.yaml only fills values; `EvalConfig` is registered in Hydra's
 ConfigStore, so an unknown key (`max_new_token=8`) or a wrong type fails at compose time naming the key, and
 `__post_init__` range checks run when the composed config becomes an object (`to_eval_config`).
 """

@@ -213,10 +213,17 @@ def log_wandb(
     figures: dict[str, Path],
 ) -> None:
     """Scalars (one `log` per history row), a table and the PNG figures to W&B. WANDB_MODE from the
-    environment is honored unless logger.mode sets it."""
+    environment is honored unless logger.mode sets it. A checkpoint whose training run was tracked joins that
+    run's group, with its id in the config (`train_run_id`)."""
     import wandb
 
+    from headstart.tracking import training_run_of
+
     kw = {"mode": logger_cfg.mode} if logger_cfg.mode else {}
+    trained_by = training_run_of(config["checkpoint"]) if config.get("checkpoint") else None
+    if trained_by:
+        kw["group"] = trained_by["group"]
+        config = {**config, "train_run_id": trained_by["id"], "train_run_name": trained_by["name"]}
     run = wandb.init(
         project=logger_cfg.project,
         entity=logger_cfg.entity,

@@ -20,7 +20,7 @@ from headstart.eval.stage import run
 register_configs()
 
 
-@hydra.main(config_path="../conf/eval", config_name="eval", version_base=None)
+@hydra.main(config_path="conf", config_name="eval", version_base=None)
 def main(dcfg: DictConfig) -> None:
     with exit_on_user_error():
         cfg = to_eval_config(dcfg)

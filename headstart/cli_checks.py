@@ -1,5 +1,5 @@
 """Checks on a composed Hydra config that must run before Hydra itself touches anything (resolving and
-creating the run directory): a Hydra callback (`hydra.callbacks` in conf/train.yaml and conf/eval/eval.yaml)
+creating the run directory): a Hydra callback (`hydra.callbacks` in conf/train.yaml and eval/conf/eval.yaml)
 that turns a missing required setting or an unusable output folder into one line and exit code 2."""
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -19,8 +20,29 @@ def run_job(cfg: DictConfig, entry: str) -> None:
     with exit_on_user_error():
         job = to_job(cfg, entry)
         resolved = OmegaConf.to_container(cfg, resolve=True)
+        tag = sweep_tag()
+        if tag:  # a multirun job: its own run dir under the shared one (else job 2 would resume job 1)
+            job.run_dir = resolved["run_dir"] = f"{job.run_dir}/{tag}"
         from headstart.train.loop import train
 
         final = train(job, resolved)
     if rank == 0:
         print(f"drafter written to {final}")
+
+
+def sweep_tag() -> str:
+    """In a Hydra multirun, this job's values of the swept keys (`method.num_heads=2,lr=0.001`); else ''."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return ""
+    hc = HydraConfig.get()
+    parser = OverridesParser.create()
+    # the command line says which keys are swept; this job's task overrides hold their values
+    args = [a for a in sys.argv[1:] if "=" in a and not a.startswith("-")]  # overrides, not Hydra's flags
+    swept = {o.key_or_group for o in parser.parse_overrides(args) if o.is_sweep_override()}
+    mine = [o for o in parser.parse_overrides(list(hc.overrides.task)) if o.key_or_group in swept]
+    tag = ",".join(f"{o.key_or_group}={o.value()}" for o in mine) or f"job{hc.job.num}"
+    return tag.replace("/", "_")

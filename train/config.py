@@ -5,7 +5,7 @@ these defaults.
 
 `method` is a config group (conf/method/<name>.yaml, one per registry entry): choosing `method=eagle3` (on the
 command line, in an experiment's defaults or in a multirun) brings the method's typed schema (stored here from
-the registry as `method_schema/<name>`), `method_name` and the method's optimizer defaults together.
+the registry as `method_schema_<name>`), `method_name` and the method's optimizer defaults together.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ class TrainConfig:
     keep_checkpoints: int = 2  # newest N kept; 0 keeps all
     resume: str = "auto"  # auto (latest checkpoint in the run dir) | never | path to a checkpoint folder
     seed: int = 0
-    quick_eval_every: int = 0  # measured tau in the built-in decoder every N steps (0: off)
+    # tau measured in the built-in decoder on held-out prompts every N steps (None: with each eval; 0: off)
+    quick_eval_every: int | None = None
     quick_eval_prompts: int = 4
     quick_eval_tokens: int = 32
     dist_timeout_s: int = 600  # a rank that stops answering fails the others after this long
@@ -97,7 +98,8 @@ def register_configs() -> None:
     cs.store(group="logger", name="none", node=LoggerConfig(kind="none"))
     cs.store(group="logger", name="wandb", node=LoggerConfig(kind="wandb"))
     for method in registry.METHODS.values():  # conf/method/<name>.yaml puts the schema at `method`
-        cs.store(group="method_schema", name=method.name, node=method.config)
+        # a root config, not a group: `--help` lists only the groups a job chooses from
+        cs.store(name=f"method_schema_{method.name}", node=method.config)
 
 
 class EntryError(ValueError):

@@ -30,11 +30,14 @@ def main(argv: list[str] | None = None) -> None:
         "--push", metavar="REPO_ID", help="push to this Hub repo (suffixed -<layout> with several)"
     )
     p.add_argument("--private", action="store_true")
+    p.add_argument(
+        "--license", help="the model cards' license, e.g. apache-2.0: the base model's (default: other)"
+    )
     args = p.parse_args(argv)
     out = args.out or resolve_checkpoint(args.checkpoint).parent / "export"
     with exit_on_user_error():
         chosen = [] if args.layout == "all" else [args.layout]
-        for folder in export(args.checkpoint, out, chosen, args.push, args.private):
+        for folder in export(args.checkpoint, out, chosen, args.push, args.private, args.license):
             print(f"wrote {folder}")
 
 

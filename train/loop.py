@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import shutil
 from datetime import timedelta
 from functools import partial
@@ -17,11 +18,12 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator, InitProcessGroupKwargs
-from accelerate.utils import ProjectConfiguration, set_seed
+from accelerate.utils import DistributedType, ProjectConfiguration, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from headstart.data import build_datasets, collate
+from headstart.logs import FILE_ONLY
 from headstart.models import registry
 from headstart.models.backbone import load_backbone
 from headstart.models.checkpoint import CONFIG_NAME, DRAFTER_DIR, CheckpointError, build_drafter, save_drafter
@@ -36,8 +38,8 @@ from headstart.train.checkpoints import (
 )
 from headstart.train.config import JobConfig, TrainConfig
 from headstart.train.hidden_cache import collate_hidden, offline_datasets
-from headstart.train.metrics import MetricSums, head_topk_accuracy
-from headstart.train.monitor import measured_tau, trace_rows
+from headstart.train.metrics import GradNorm, MetricSums, Throughput, head_topk_accuracy, progress
+from headstart.train.monitor import banner, data_line, init_tracking, log_artifact, measured_tau, trace_rows
 from headstart.train.sampling import EpochShuffle
 
 log = logging.getLogger("headstart.train")
@@ -53,7 +55,7 @@ def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
 
 def make_accelerator(t: TrainConfig, logger: LoggerConfig, run_dir: str) -> Accelerator:
     log_with = "wandb" if logger.kind == "wandb" else None
-    return Accelerator(
+    acc = Accelerator(
         gradient_accumulation_steps=t.grad_accum,
         # our schedule counts optimizer steps, whatever the process count (accelerate would step it N times)
         step_scheduler_with_optimizer=False,
@@ -63,19 +65,24 @@ def make_accelerator(t: TrainConfig, logger: LoggerConfig, run_dir: str) -> Acce
         project_config=ProjectConfiguration(project_dir=run_dir, logging_dir=run_dir),
         kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=t.dist_timeout_s))],
     )
+    check_strategy(acc, t)
+    return acc
 
 
-def init_tracking(acc: Accelerator, logger: LoggerConfig, run_dir: str, resolved: dict) -> None:
-    if logger.kind != "wandb":
-        return
-    import os
-
-    if logger.mode:
-        os.environ["WANDB_MODE"] = logger.mode
-    wandb_kw = {"name": logger.run_name or Path(run_dir).name, "dir": run_dir, "tags": logger.tags}
-    if logger.entity:
-        wandb_kw["entity"] = logger.entity
-    acc.init_trackers(logger.project, config=resolved, init_kwargs={"wandb": wandb_kw})
+def check_strategy(acc: Accelerator, t: TrainConfig) -> None:
+    """accelerate silently drops a DeepSpeed or FSDP launch config in some cases (FSDP on CPU, either one with
+    `cpu=True`) and trains with plain DDP: refuse instead of training with another strategy than asked."""
+    for env, kind in (
+        ("ACCELERATE_USE_DEEPSPEED", DistributedType.DEEPSPEED),
+        ("ACCELERATE_USE_FSDP", DistributedType.FSDP),
+    ):
+        if os.environ.get(env, "false").lower() == "true" and acc.distributed_type != kind:
+            raise ValueError(
+                f"the accelerate config asks for {kind.value} but accelerate set up {acc.distributed_type.value}: "
+                "it runs FSDP on accelerators only, and neither FSDP nor DeepSpeed with cpu=True "
+                f"(train.device={t.device}, use_cpu / ACCELERATE_USE_CPU). Fix: on GPUs drop those; on a CPU "
+                "use accelerate_configs/cpu_ddp.yaml (DDP), or DeepSpeed without use_cpu"
+            )
 
 
 def train(job: JobConfig, resolved: dict) -> Path:
@@ -83,6 +90,7 @@ def train(job: JobConfig, resolved: dict) -> Path:
     t, run_dir = job.train, Path(job.run_dir)
     acc = make_accelerator(t, job.logger, job.run_dir)
     set_seed(t.seed)
+    banner(job, acc)
     resume_dir = find_resume_dir(run_dir, t.resume)  # the newest complete checkpoint (damaged ones skipped)
     check_resumable(resume_dir, run_dir, resolved)  # trained with these settings, or refused
     if acc.is_main_process:
@@ -100,7 +108,8 @@ def train(job: JobConfig, resolved: dict) -> Path:
             backbone=backbone,
             show_progress=acc.is_local_main_process,
         )
-    log.info("data: %s", json.dumps(data_stats, default=str)[:2000])
+    log.info("data: %s", json.dumps(data_stats, default=str), extra=FILE_ONLY)
+    data_line(job, acc, data_stats, len(train_ds), len(eval_ds))
 
     method = registry.get(job.method_name)
     step_fn = method.step_fn()
@@ -162,12 +171,13 @@ def train(job: JobConfig, resolved: dict) -> Path:
             ) from e
         step = read_step(resume_dir)
         log.info("resumed from %s at step %d", resume_dir, step)
-    init_tracking(acc, job.logger, job.run_dir, resolved)
+    init_tracking(acc, job.logger, job.run_dir, resolved, resuming=resume_dir is not None)
+    log_model = job.logger.model_logging() if job.logger.kind == "wandb" else "none"
 
     consumed = step * t.grad_accum  # micro-batches this process has already seen
     epoch, skip = divmod(consumed, len(train_dl))
     bar = tqdm(total=t.max_steps, initial=step, disable=not acc.is_local_main_process, desc="train")
-    sums = MetricSums()
+    sums, grad_norm, speed = MetricSums(), GradNorm(), Throughput()
     last_eval: dict = {}
     drafter.train()
     while step < t.max_steps:
@@ -182,19 +192,22 @@ def train(job: JobConfig, resolved: dict) -> Path:
             with acc.accumulate(drafter):
                 loss, metrics = forward_loss(acc, step_fn, backbone, drafter, batch)
                 acc.backward(loss)
-                if acc.sync_gradients and job.optim.grad_clip > 0:
-                    acc.clip_grad_norm_(drafter.parameters(), job.optim.grad_clip)
+                if acc.sync_gradients:  # clip (0: off, the norm is still measured)
+                    grad_norm.add(acc, drafter, job.optim.grad_clip or math.inf)
                 optimizer.step()
                 if acc.sync_gradients:
                     scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
             sums.add(metrics)
+            speed.add(batch)
             if not acc.sync_gradients:
                 continue
             step += 1
             bar.update(1)
             if step % t.log_every == 0 or step == t.max_steps:
                 logs = sums.summarize(acc, prefix="train/") | {"train/lr": scheduler.get_last_lr()[0]}
+                logs |= grad_norm.summarize() | speed.summarize(acc)
+                logs |= progress(step, t, acc.num_processes, len(train_dl))
                 sums = MetricSums()
                 acc.log(logs, step=step)
                 bar.set_postfix(
@@ -205,7 +218,8 @@ def train(job: JobConfig, resolved: dict) -> Path:
                 acc.log(last_eval, step=step)
                 brief = {k: round(v, 4) for k, v in last_eval.items() if "/rank" not in k}
                 log.info("step %d eval %s", step, json.dumps(brief))
-            if t.quick_eval_every and (step % t.quick_eval_every == 0 or step == t.max_steps):
+            quick_every = t.eval_every if t.quick_eval_every is None else t.quick_eval_every
+            if quick_every and (step % quick_every == 0 or step == t.max_steps):
                 measured = measured_tau(acc, t, method.name, backbone, drafter, eval_ds)
                 acc.log(measured, step=step)
                 last_eval |= measured
@@ -222,7 +236,9 @@ def train(job: JobConfig, resolved: dict) -> Path:
                 )
                 if acc.is_main_process:
                     prune_checkpoints(run_dir, t.keep_checkpoints)
-                log.info("checkpoint %s", ckpt)
+                log.info("checkpoint %s", ckpt, extra=FILE_ONLY)
+                if log_model == "checkpoint":
+                    log_artifact(acc, ckpt / DRAFTER_DIR, step, ["latest"], last_eval)
             if step >= t.max_steps:
                 break
         epoch += 1
@@ -242,6 +258,8 @@ def train(job: JobConfig, resolved: dict) -> Path:
             tmp.rename(final)
         (run_dir / "final_eval.json").write_text(json.dumps(final_eval, indent=2))
     acc.wait_for_everyone()
+    if log_model != "none":
+        log_artifact(acc, final, step, ["final", "latest"], final_eval)
     acc.end_training()
     return final
 

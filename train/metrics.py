@@ -6,6 +6,9 @@ Keys: `loss_sum` and `count` (every method); `head{k}/...` (Medusa-style heads);
 
 from __future__ import annotations
 
+import math
+import time
+
 import torch
 from accelerate import Accelerator
 
@@ -57,3 +60,54 @@ def head_topk_accuracy(eval_metrics: dict) -> list[list[float]]:
         out.append([eval_metrics[f"eval/head{k}/rank{r}"] for r in range(RANKS)])
         k += 1
     return out
+
+
+class GradNorm:
+    """Clips the drafter's gradients and keeps the global norm before clipping, averaged over the log interval
+    (DeepSpeed clips itself: its engine's norm)."""
+
+    def __init__(self) -> None:
+        self.total, self.n = 0.0, 0
+
+    def add(self, acc: Accelerator, drafter, max_norm: float) -> None:
+        norm = acc.clip_grad_norm_(drafter.parameters(), max_norm)
+        if norm is None and hasattr(drafter, "get_global_grad_norm"):
+            norm = drafter.get_global_grad_norm()
+        if norm is not None and math.isfinite(float(norm)):
+            self.total, self.n = self.total + float(norm), self.n + 1
+
+    def summarize(self) -> dict[str, float]:
+        out = {"train/grad_norm": self.total / self.n} if self.n else {}
+        self.total, self.n = 0.0, 0
+        return out
+
+
+class Throughput:
+    """Tokens (non-padding) and samples per second over the log interval, summed over processes."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.start, self.tokens, self.samples = time.perf_counter(), 0, 0
+
+    def add(self, batch: dict) -> None:
+        mask = batch.get("attention_mask")
+        self.tokens += int(mask.sum()) if mask is not None else batch["input_ids"].numel()
+        self.samples += len(batch["input_ids"])
+
+    def summarize(self, acc: Accelerator) -> dict[str, float]:
+        counts = torch.tensor([self.tokens, self.samples], dtype=torch.float64, device=acc.device)
+        tokens, samples = acc.reduce(counts, reduction="sum").tolist()
+        seconds = max(time.perf_counter() - self.start, 1e-9)
+        self.reset()
+        return {"train/tokens_per_s": tokens / seconds, "train/samples_per_s": samples / seconds}
+
+
+def progress(step: int, t, num_processes: int, batches_per_epoch: int) -> dict[str, float]:
+    """Samples seen (all processes) and epochs (fractional) after `step` optimizer steps."""
+    micro = step * t.grad_accum  # micro-batches each process has taken
+    return {
+        "train/samples_seen": float(micro * t.micro_batch_size * num_processes),
+        "train/epoch": micro / batches_per_epoch,
+    }

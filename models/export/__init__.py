@@ -9,9 +9,9 @@ from pathlib import Path
 
 from headstart.models import registry
 from headstart.models.checkpoint import read_meta, resolve_checkpoint
-from headstart.models.export.card import find_report
+from headstart.models.export.card import THIS_REPO, find_report
 from headstart.models.export.hub import check_hub_access, push_folder
-from headstart.models.export.serve_card import append_serve_check
+from headstart.models.export.serve_card import append_serve_check, find_serve_check
 
 
 def vllm_serving(method: registry.Method) -> dict[str, tuple[str, bool]]:
@@ -32,11 +32,17 @@ def export(
     layouts: list[str] | None = None,
     push: str | None = None,
     private: bool = False,
+    license: str | None = None,
 ) -> list[Path]:
     """Write `layouts` (empty: every layout of the checkpoint's method) under `out`; push each folder to the
-    Hub repo `push` (suffixed with the folder name when there are several)."""
+    Hub repo `push` (suffixed with the folder name when there are several). `license`: the cards' license
+    (the base model's; `other` when not given)."""
     drafter_dir = resolve_checkpoint(Path(checkpoint))
-    meta = read_meta(drafter_dir)
+    # what the cards add: the license, and vLLM's figures when the serve check ran (eval/serve_check.py)
+    meta = {
+        **read_meta(drafter_dir),
+        "card": {"license": license, "serve_check": find_serve_check(drafter_dir)},
+    }
     method = registry.get(meta["method"])
     layouts = list(layouts or method.layouts)
     if wrong := [layout for layout in layouts if layout not in method.layouts]:
@@ -50,5 +56,8 @@ def export(
     for folder in folders:  # vLLM's figures, when the serve check ran (eval/serve_check.py)
         append_serve_check(folder / "README.md", drafter_dir)
     for folder in folders if push else []:
-        push_folder(folder, push if len(folders) == 1 else f"{push}-{folder.name}", private)
+        repo_id = push if len(folders) == 1 else f"{push}-{folder.name}"
+        card = folder / "README.md"  # its serving snippets name the repo they are pushed to
+        card.write_text(card.read_text().replace(THIS_REPO, repo_id))
+        push_folder(folder, repo_id, private)
     return folders

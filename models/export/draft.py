@@ -18,7 +18,7 @@ import torch
 from headstart.models.backbone import DTYPES, BackboneConfig, load_backbone
 from headstart.models.checkpoint import load_drafter
 from headstart.models.distill import DistillDrafter
-from headstart.models.export.card import base_model_id, measured_lines, public_name
+from headstart.models.export.card import save_card
 
 VLLM = {"hf": ("draft_model", True)}  # layout -> (vLLM speculative_config method, must serve)
 
@@ -42,50 +42,42 @@ def write_hf_draft(drafter: DistillDrafter, target, folder: Path, dtype: torch.d
     return folder
 
 
-def draft_model_card(meta: dict, base_model: str, draft_config: dict, report: dict | None) -> str:
-    job = meta.get("job", {})
-    data = job.get("data", {})
-    m = meta["method_config"]
+def draft_model_card(meta: dict, draft_config: dict, report: dict | None):
+    """The draft's model card: what was distilled how, and how transformers, vLLM and SGLang use it."""
+    from headstart.models.export.card import THIS_REPO, base_model_id, model_card
+
+    base, m = base_model_id(meta["backbone"]), meta["method_config"]
     loss = m["divergence"] + (f" (beta {m['beta']})" if m["divergence"] == "jsd" else "")
-    lines = [
-        "---",
-        f"base_model: {base_model}",
-        "library_name: transformers",
-        "tags: [speculative-decoding, draft-model, distillspec, headstart]",
-        "---",
-        f"# DistillSpec draft model for {base_model}",
-        "",
+    about = [
         f"A {draft_config.get('num_hidden_layers', '?')}-layer `{draft_config.get('model_type', '?')}` draft "
-        f"distilled with headstart toward the frozen `{base_model}` (same tokenizer), for speculative decoding.",
+        f"distilled with headstart (DistillSpec) toward the frozen `{base}` (same tokenizer), for speculative "
+        "decoding.",
         "",
         f"- init: {m['init']}" + (f" (target layers {m['keep_layers']})" if m["keep_layers"] else ""),
         f"- divergence: {loss}, temperature {m['temperature']}; data: {m['data_mode']}"
         + (f" (lambda {m['lambda_']})" if m["data_mode"] == "mixture" else ""),
-        f"- data: `{public_name(data.get('source', 'sharegpt-package'))}` (max_length {data.get('max_length', '?')}); steps: "
-        f"{meta.get('step', '?')}; optimizer: `{json.dumps(job.get('optim', {}))}`",
     ]
     ev = meta.get("eval") or {}
     if "eval/accept_sim" in ev:
-        lines += [
+        about += [
             "",
             f"Held-out, teacher-forced: simulated acceptance 1 - TVD = {ev['eval/accept_sim']:.3f}, greedy top-1 "
             f"agreement with the target {ev.get('eval/top1_match', float('nan')):.3f}.",
         ]
-    lines += measured_lines(report)
-    lines += [
-        "",
-        "## Use",
-        "",
-        "```python",
-        "from transformers import AutoModelForCausalLM, AutoTokenizer",
-        f'target = AutoModelForCausalLM.from_pretrained("{base_model}")',
-        'draft = AutoModelForCausalLM.from_pretrained("<this repo>")',
-        "out = target.generate(**inputs, assistant_model=draft)",
-        "```",
-        "",
-        'vLLM: `--speculative-config \'{"model": "<this repo>", "num_speculative_tokens": 4}\'`.',
-    ]
-    return "\n".join(lines) + "\n"
+    spec = f'{{"model": "{THIS_REPO}", "num_speculative_tokens": 4}}'
+    serve = [
+        "With transformers (assisted generation):", "", "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
+        f'tokenizer = AutoTokenizer.from_pretrained("{base}")',
+        f'target = AutoModelForCausalLM.from_pretrained("{base}")',
+        f'draft = AutoModelForCausalLM.from_pretrained("{THIS_REPO}")',
+        'inputs = tokenizer("Hello", return_tensors="pt")',
+        "out = target.generate(**inputs, assistant_model=draft, max_new_tokens=64)", "```", "",
+        f"With vLLM: `LLM(model=\"{base}\", speculative_config={spec})` or "
+        f"`vllm serve {base} --speculative-config '{spec}'`.",
+    ]  # fmt: skip
+    return model_card(meta, layout="hf", title=f"DistillSpec draft model for {base}", about=about,
+                      serve=serve, library="transformers", report=report, tags=("draft-model", "distillspec"))  # fmt: skip
 
 
 def export(drafter_dir: Path, meta: dict, out: Path, layouts: list[str], report: dict | None) -> list[Path]:
@@ -94,6 +86,5 @@ def export(drafter_dir: Path, meta: dict, out: Path, layouts: list[str], report:
     target = load_backbone(BackboneConfig(**{**meta["backbone"], "dtype": "float32"}))
     drafter, _ = load_drafter(drafter_dir, target, meta)
     write_hf_draft(drafter, target, out, DTYPES[bb_cfg.dtype])
-    base_model = base_model_id(meta["backbone"])
-    (Path(out) / "README.md").write_text(draft_model_card(meta, base_model, meta["draft_config"], report))
+    save_card(draft_model_card(meta, meta["draft_config"], report), Path(out))
     return [Path(out)]

@@ -171,11 +171,40 @@ def read_layout(folder: Path, backbone) -> EagleDrafter:
     return d.to(torch.float32)
 
 
+def eagle_card(meta: dict, layout: str, report: dict | None):
+    """The layout's model card: what the drafter is, and how SGLang (EAGLE repo layouts) or vLLM serves it."""
+    from headstart.models.export.card import THIS_REPO, base_model_id, model_card
+
+    base, kind = base_model_id(meta["backbone"]), meta["method"].upper()
+    about = [
+        f"An {kind} draft layer for speculative decoding of `{base}`, trained with headstart on the frozen "
+        f"model's features and exported in the **{layout}** layout."
+    ]
+    if (tau := (meta.get("eval") or {}).get("eval/sim_tau")) is not None:
+        about += ["", f"Simulated tau on held-out data (greedy chain, at training time): {tau:.2f}."]
+    if layout in ("eagle3", "eagle"):  # the EAGLE repo's layout, which SGLang loads
+        library, serve = "sglang", [
+            "With SGLang:", "", "```bash",
+            f"python -m sglang.launch_server --model-path {base} --speculative-algorithm {kind} \\",
+            f"  --speculative-draft-model-path {THIS_REPO} --speculative-num-steps 3 \\",
+            "  --speculative-eagle-topk 4 --speculative-num-draft-tokens 8", "```",
+        ]  # fmt: skip
+    else:  # vLLM's layouts (speculators for EAGLE-3)
+        spec = f'{{"model": "{THIS_REPO}", "method": "{meta["method"]}", "num_speculative_tokens": 3}}'
+        library, serve = "vllm", [
+            "With vLLM:", "", "```python", "from vllm import LLM", "",
+            f'llm = LLM(model="{base}", speculative_config={spec})', "```", "",
+            f"or `vllm serve {base} --speculative-config '{spec}'`.",
+        ]  # fmt: skip
+    return model_card(meta, layout=layout, title=f"{kind} drafter for {base}", about=about, serve=serve,
+                      library=library, report=report, tags=("eagle",))  # fmt: skip
+
+
 def export(drafter_dir: Path, meta: dict, out: Path, layouts: list[str], report: dict | None) -> list[Path]:
     """A headstart eagle/eagle3 checkpoint -> OUT/<layout> for each layout, with a model card."""
     from headstart.models.backbone import BackboneConfig, load_backbone
     from headstart.models.checkpoint import load_drafter
-    from headstart.models.export.card import base_model_id
+    from headstart.models.export.card import base_model_id, save_card
 
     bb_cfg = BackboneConfig(**{**meta["backbone"], "dtype": "float32"})
     backbone = load_backbone(bb_cfg)
@@ -185,16 +214,6 @@ def export(drafter_dir: Path, meta: dict, out: Path, layouts: list[str], report:
     written = []
     for layout in layouts:
         folder = write_layout(drafter, layout, out / layout, base, arch)
-        tau = meta.get("eval", {}).get("eval/sim_tau")
-        card = [
-            f"---\nbase_model: {base}\nlibrary_name: headstart\ntags: [speculative-decoding, eagle]\n---",
-            f"# {meta['method'].upper()} drafter for {base} ({layout} layout)",
-            "",
-            f"Trained with headstart for {meta.get('step', '?')} steps; method config "
-            f"`{json.dumps(meta['method_config'])}`.",
-        ]
-        if tau is not None:
-            card.append(f"Simulated tau on held-out data (greedy chain): {tau:.2f}.")
-        (folder / "README.md").write_text("\n".join(card) + "\n")
+        save_card(eagle_card(meta, layout, report), folder)
         written.append(folder)
     return written

@@ -115,11 +115,40 @@ def read_layout(folder: Path) -> MedusaHeads:
     return heads
 
 
+def medusa_card(meta: dict, layout: str, report: dict | None):
+    """The layout's model card: what the heads are, and how FasterDecoding/Medusa or vLLM serves them."""
+    from headstart.models.export.card import THIS_REPO, base_model_id, model_card
+
+    m, base = meta["method_config"], base_model_id(meta["backbone"])
+    k = m["num_heads"]
+    about = [
+        f"{k} Medusa-1 heads ({m['num_layers']} residual block(s) each) for speculative decoding of `{base}`, "
+        f"trained with headstart on the frozen model and exported in the **{layout}** layout."
+    ]
+    if acc := meta.get("head_topk_accuracy") or []:
+        about += ["", "Held-out top-1 accuracy per head: " + ", ".join(f"{a[0]:.3f}" for a in acc) + "."]
+    if layout == "medusa":
+        library, serve = "medusa", [
+            "With the FasterDecoding/Medusa repository (`pip install medusa-llm`); `config.json` names the base model:",
+            "", "```python", "from medusa.model.medusa_model import MedusaModel", "",
+            f'model = MedusaModel.from_pretrained("{THIS_REPO}")', "```",
+        ]  # fmt: skip
+    else:
+        spec = f'{{"model": "{THIS_REPO}", "method": "medusa", "num_speculative_tokens": {k}}}'
+        library, serve = "vllm", [
+            "With vLLM:", "", "```python", "from vllm import LLM", "",
+            f'llm = LLM(model="{base}", speculative_config={spec})', "```", "",
+            f"or `vllm serve {base} --speculative-config '{spec}'`.",
+        ]  # fmt: skip
+    return model_card(meta, layout=layout, title=f"Medusa heads for {base}", about=about, serve=serve,
+                      library=library, report=report, tags=("medusa",))  # fmt: skip
+
+
 def export(drafter_dir: Path, meta: dict, out: Path, layouts: list[str], report: dict | None) -> list[Path]:
     """Medusa heads -> OUT/<layout> for each layout (OUT itself for one), each with a model card."""
     from headstart.models.backbone import BackboneConfig, load_backbone
     from headstart.models.checkpoint import load_drafter
-    from headstart.models.export.card import base_model_id, medusa_card
+    from headstart.models.export.card import base_model_id, save_card
 
     bb_cfg = BackboneConfig(**{**meta["backbone"], "dtype": "float32"})
     heads, _ = load_drafter(drafter_dir, load_backbone(bb_cfg), meta)
@@ -128,6 +157,6 @@ def export(drafter_dir: Path, meta: dict, out: Path, layouts: list[str], report:
     for layout in layouts:
         folder = out / layout if len(layouts) > 1 else out
         write_layout(heads, layout, folder, base_model)
-        (folder / "README.md").write_text(medusa_card(meta, base_model, layout, report))
+        save_card(medusa_card(meta, layout, report), folder)
         written.append(folder)
     return written

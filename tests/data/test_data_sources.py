@@ -6,7 +6,9 @@ import logging
 import pytest
 
 from headstart.data import DataError, jsonio
-from headstart.data.sources import read_rows, source_path
+from headstart.data.config import DataConfig
+from headstart.data.loading import open_source
+from headstart.data.sources import read_rows
 
 
 def sharegpt(i: int, first: str = "human") -> dict:
@@ -111,7 +113,7 @@ def test_no_usable_row_names_file_counts_and_fix(tmp_path):
 
 def test_missing_file_names_the_path(tmp_path):
     missing = tmp_path / "nope.json"
-    with pytest.raises(DataError, match="nope.json"), source_path(str(missing)):
+    with pytest.raises(DataError, match="nope.json"), open_source(DataConfig(source=str(missing))):
         pass
 
 
@@ -169,5 +171,5 @@ def test_saved_hf_dataset_folder(tmp_path):
 
 def test_folder_that_is_not_a_dataset(tmp_path):
     (tmp_path / "junk").mkdir()
-    with pytest.raises(DataError, match="not a saved HF dataset"):
+    with pytest.raises(DataError, match="neither a saved HF dataset nor a folder of data files"):
         read_rows(tmp_path / "junk")

@@ -18,7 +18,7 @@ from headstart.eval.report import best_index, log_wandb, markdown, write_report,
 from headstart.eval.score import aggregate
 from headstart.tracking import LoggerConfig
 
-CONF = str(Path(__file__).resolve().parents[2] / "conf" / "eval")
+CONF = str(Path(__file__).resolve().parents[2] / "eval" / "conf")
 
 
 def rec(cat, v_tok, v_s, s_tok, fwd, s_s, acc, prop, times, lat, match):

@@ -49,7 +49,8 @@ def test_card_names_no_local_paths_and_counts_conversations(backbone, tmp_path, 
         card = (folder / "README.md").read_text()
         config = (folder / "config.json").read_text()
         assert str(home) not in card + config, card
-        assert "base_model: my-llama" in card and "`chats.jsonl`" in card
+        # a local base model is named by its base name in the text, never as `base_model` (not a Hub id)
+        assert "base_model:" not in card and "`my-llama`" in card and "`chats.jsonl`" in card
         assert "42 training conversations" in card and "22 prompts from `dev.jsonl`" in card
         assert "{'" not in card  # no Python dict repr
 
@@ -67,3 +68,97 @@ def test_hub_id_is_the_base_model():
         public_name("/srv/models/x.gguf") == "x.gguf"
         and public_name("sharegpt-package") == "sharegpt-package"
     )
+
+
+def _run_with_report(backbone, tmp_path, hub_id: str | None, source: str):
+    bcfg = BackboneConfig(name="tiny", path="tiny", dtype="float32", tiny={"seed": 0}, hub_id=hub_id)
+    cfg = MedusaConfig(num_heads=2)
+    job = {"data": {"source": source, "max_length": 96, "split": "train_sft"}, "optim": {"lr": 0.001}}
+    run = tmp_path / "run"
+    save_drafter(run / "drafter", build_drafter("medusa", cfg, backbone), "medusa", cfg, bcfg, backbone,
+                 extra={"step": 6, "job": job, "data_stats": {"train": {"samples": 42}}})  # fmt: skip
+    report = {"method": "medusa", "temperature": 0.0, "tau": 1.53, "speedup": 1.21,
+              "prompts": {"file": "/home/me/dev_prompts.jsonl", "n": 22}}  # fmt: skip
+    (run / "eval").mkdir()
+    (run / "eval" / "report.json").write_text(json.dumps(report))
+    return run
+
+
+def test_model_card_metadata_round_trips_through_huggingface_hub(backbone, tmp_path):
+    """ModelCard.load reads back base_model (a Hub id), library, license, datasets, tags, pipeline tag and the
+    measured tau / speedup as model-index results; each layout says how to serve it."""
+    from huggingface_hub import ModelCard
+
+    run = _run_with_report(
+        backbone, tmp_path, "HuggingFaceTB/SmolLM2-135M-Instruct", "HuggingFaceH4/ultrachat_200k"
+    )
+    folders = export(run, tmp_path / "out", [], license="apache-2.0")
+    assert sorted(f.name for f in folders) == ["medusa", "vllm"]
+    for folder in folders:
+        card = ModelCard.load(folder / "README.md")
+        d = card.data
+        assert d.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct" and d.license == "apache-2.0"
+        assert d.datasets == ["HuggingFaceH4/ultrachat_200k"] and d.pipeline_tag == "text-generation"
+        assert {"speculative-decoding", "medusa"} <= set(d.tags)
+        results = {r.metric_type: r.metric_value for r in d.eval_results}
+        assert results == {"tau": 1.53, "speedup": 1.21}
+        assert "| dev_prompts.jsonl | tau (tokens per target forward) | 1.53 |" in card.text
+        assert "/home/me" not in card.content
+    vllm = ModelCard.load(tmp_path / "out" / "vllm" / "README.md")
+    assert (
+        vllm.data.library_name == "vllm"
+        and '"method": "medusa"' in vllm.text
+        and "speculative_config" in vllm.text
+    )
+    assert "MedusaModel.from_pretrained" in ModelCard.load(tmp_path / "out" / "medusa" / "README.md").text
+
+
+def test_local_base_model_and_data_stay_out_of_the_metadata(backbone, tmp_path):
+    from huggingface_hub import ModelCard
+
+    run = _run_with_report(backbone, tmp_path, None, str(tmp_path / "chats.jsonl"))
+    (folder,) = export(run, tmp_path / "out", ["vllm"])
+    card = ModelCard.load(folder / "README.md")
+    assert card.data.base_model is None and card.data.datasets is None  # "tiny" and a local file: not Hub ids
+    assert card.data.license == "other" and "base model's terms" in card.text
+    assert "`chats.jsonl`" in card.text and str(tmp_path) not in card.content
+
+
+def test_sharegpt_package_names_the_hub_dataset():
+    from headstart.models.export.card import SHAREGPT_HUB_ID, card_datasets
+
+    assert card_datasets({"source": "sharegpt-package"}) == [SHAREGPT_HUB_ID]
+    assert card_datasets({}) == [SHAREGPT_HUB_ID]
+    assert card_datasets({"source": "/data/x.jsonl"}) == []
+
+
+def test_serve_check_figures_become_model_index_results():
+    """vLLM's tau and speedup for the layout (the serve check's report, eval/serve_check.py) beside ours."""
+    from headstart.models.export.card import eval_results
+
+    report = {
+        "method": "medusa",
+        "temperature": 0.0,
+        "tau": 1.6,
+        "speedup": 1.2,
+        "prompts": {"file": "p.jsonl"},
+    }
+    serve = {
+        "prompts": 8,
+        "vllm_package": "vllm 0.11",
+        "vanilla": {"vllm_tokens_per_s": 100.0},
+        "layouts": [
+            {"layout": "medusa-vllm", "vllm": {"loaded": True, "tau": 1.61, "tokens_per_s": 130.0}},
+            {"layout": "eagle3", "vllm": {"loaded": False}},
+        ],
+    }
+    got = [
+        (r.dataset_type, r.metric_type, r.metric_value) for r in eval_results(report, serve, "medusa-vllm")
+    ]
+    assert got == [
+        ("p.jsonl", "tau", 1.6),
+        ("p.jsonl", "speedup", 1.2),
+        ("serve-check-prompts", "tau", 1.61),
+        ("serve-check-prompts", "speedup", 1.3),
+    ]
+    assert [r.metric_type for r in eval_results(None, serve, "eagle3")] == []  # not loaded in vLLM

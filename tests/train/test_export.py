@@ -95,7 +95,8 @@ def test_export_cli_writes_cards_and_pushes_without_leaking_token(backbone, tmp_
     assert ("create", "me/heads-medusa", False) in pushed and ("create", "me/heads-vllm", False) in pushed
     assert ("upload", "me/heads-vllm", ["README.md", "config.json", "model.safetensors"]) in pushed
     card = (tmp_path / "out" / "medusa" / "README.md").read_text()
-    assert "base_model: tiny" in card and "tau 2.25" in card and "1.80x" in card
+    assert "`tiny`" in card and "| tau (tokens per target forward) | 2.25 |" in card
+    assert "| speedup over plain decoding | 1.80 |" in card and "me/heads-medusa" in card  # the pushed repo
 
 
 def test_export_refuses_missing_checkpoint(tmp_path, capsys):
@@ -130,6 +131,13 @@ def test_card_carries_the_serve_check_when_it_ran(backbone, tmp_path):
     (tmp_path / "run" / "serve_check").mkdir()
     (tmp_path / "run" / "serve_check" / "serve_check.json").write_text(json.dumps(SERVE_CHECK))
     export_cli.main(["--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "out")])
-    card = (tmp_path / "out" / "vllm" / "README.md").read_text()
+    card_path = tmp_path / "out" / "vllm" / "README.md"
+    card = card_path.read_text()
     assert "## Measured in vLLM (headstart serve check)" in card
     assert "| medusa-vllm | yes | 1.61 | 1.63 | 0.45 / 0.46 | 1.30x |" in card
+    from huggingface_hub import ModelCard  # and vLLM's figures are model-index results of that layout's card
+
+    results = {
+        (r.dataset_type, r.metric_type): r.metric_value for r in ModelCard.load(card_path).data.eval_results
+    }
+    assert results == {("serve-check-prompts", "tau"): 1.61, ("serve-check-prompts", "speedup"): 1.3}

@@ -63,6 +63,6 @@ def test_two_process_training_error_ends_with_the_line_exit_2(tmp_path):
         "debug=smoke",
         "train.max_steps=0",
         f"run_dir={tmp_path / 'run'}",
-        ACCELERATE_CONFIG="conf/accelerate/cpu_ddp.yaml",
+        ACCELERATE_CONFIG="accelerate_configs/cpu_ddp.yaml",
     )
     assert_one_line(res, "train.max_steps")
