@@ -11,6 +11,8 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from headstart.models.export.serve_card import serve_check_lines
+
 
 def _fmt(x, digits: int = 2) -> str:
     if x is None:
@@ -126,6 +128,7 @@ def markdown(report: dict) -> str:
     for i, a in enumerate(r["acceptance_by_position"]):
         lines.append(f"| {i + 1} | {a:.3f} | {_fmt(rates[i] if i < len(rates) else None, 3)} |")
     lines += timing_lines(r.get("timing"))
+    lines += serve_check_lines(r.get("vllm_serve_check"))
     if r["prompts"]["bad_examples"]:
         lines += ["", "## Skipped prompt rows", ""] + [f"- {e}" for e in r["prompts"]["bad_examples"]]
     lines += ["", "![acceptance](acceptance_by_position.png)", "![speedup](speedup_by_category.png)", ""]

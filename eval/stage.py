@@ -27,6 +27,7 @@ from headstart.eval.score import GenOpts, aggregate, check_fits
 from headstart.models import registry
 from headstart.models.backbone import Backbone, BackboneConfig, load_backbone
 from headstart.models.checkpoint import LoadedDrafter, find_checkpoints, load_drafter, step_of
+from headstart.models.export.serve_card import find_serve_check
 
 log = logging.getLogger("headstart.eval")
 
@@ -130,6 +131,8 @@ class Evaluator:
             },
             **aggregate(records, greedy=cfg.temperature == 0, timing=timing),
             "timing": timing,  # pairs, rounds, step costs, bound, flags, threads and load (eval/timing.py)
+            # vLLM's figures for this drafter when `./launch.sh serve-check` ran on it (eval/serve_check.py)
+            "vllm_serve_check": find_serve_check(ckpt),
         }
         figures = write_report(out_dir, report, records)
         log.info("%s: tau %.3f, speedup %.3fx %s", ckpt, report["tau"] or 0, report["speedup"] or 0,

