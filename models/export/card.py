@@ -104,6 +104,15 @@ def eval_results(report: dict | None, serve_check: dict | None, served: str) -> 
     return out
 
 
+def vllm_snippet(base: str, spec: str) -> list[str]:
+    """The card's "how to serve" lines for a vLLM layout; `spec` is the speculative_config as JSON."""
+    return [
+        "With vLLM:", "", "```python", "from vllm import LLM", "",
+        f'llm = LLM(model="{base}", speculative_config={spec})', "```", "",
+        f"or `vllm serve {base} --speculative-config '{spec}'`.",
+    ]  # fmt: skip
+
+
 def model_card(
     meta: dict,
     *,

@@ -173,7 +173,7 @@ def read_layout(folder: Path, backbone) -> EagleDrafter:
 
 def eagle_card(meta: dict, layout: str, report: dict | None):
     """The layout's model card: what the drafter is, and how SGLang (EAGLE repo layouts) or vLLM serves it."""
-    from headstart.models.export.card import THIS_REPO, base_model_id, model_card
+    from headstart.models.export.card import THIS_REPO, base_model_id, model_card, vllm_snippet
 
     base, kind = base_model_id(meta["backbone"]), meta["method"].upper()
     about = [
@@ -191,11 +191,7 @@ def eagle_card(meta: dict, layout: str, report: dict | None):
         ]  # fmt: skip
     else:  # vLLM's layouts (speculators for EAGLE-3)
         spec = f'{{"model": "{THIS_REPO}", "method": "{meta["method"]}", "num_speculative_tokens": 3}}'
-        library, serve = "vllm", [
-            "With vLLM:", "", "```python", "from vllm import LLM", "",
-            f'llm = LLM(model="{base}", speculative_config={spec})', "```", "",
-            f"or `vllm serve {base} --speculative-config '{spec}'`.",
-        ]  # fmt: skip
+        library, serve = "vllm", vllm_snippet(base, spec)
     return model_card(meta, layout=layout, title=f"{kind} drafter for {base}", about=about, serve=serve,
                       library=library, report=report, tags=("eagle",))  # fmt: skip
 

@@ -117,7 +117,7 @@ def read_layout(folder: Path) -> MedusaHeads:
 
 def medusa_card(meta: dict, layout: str, report: dict | None):
     """The layout's model card: what the heads are, and how FasterDecoding/Medusa or vLLM serves them."""
-    from headstart.models.export.card import THIS_REPO, base_model_id, model_card
+    from headstart.models.export.card import THIS_REPO, base_model_id, model_card, vllm_snippet
 
     m, base = meta["method_config"], base_model_id(meta["backbone"])
     k = m["num_heads"]
@@ -135,11 +135,7 @@ def medusa_card(meta: dict, layout: str, report: dict | None):
         ]  # fmt: skip
     else:
         spec = f'{{"model": "{THIS_REPO}", "method": "medusa", "num_speculative_tokens": {k}}}'
-        library, serve = "vllm", [
-            "With vLLM:", "", "```python", "from vllm import LLM", "",
-            f'llm = LLM(model="{base}", speculative_config={spec})', "```", "",
-            f"or `vllm serve {base} --speculative-config '{spec}'`.",
-        ]  # fmt: skip
+        library, serve = "vllm", vllm_snippet(base, spec)
     return model_card(meta, layout=layout, title=f"Medusa heads for {base}", about=about, serve=serve,
                       library=library, report=report, tags=("medusa",))  # fmt: skip
 
