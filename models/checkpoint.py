@@ -169,6 +169,14 @@ def load_drafter(path: str | Path, backbone: Backbone, meta: dict | None = None)
     return drafter.to(device=backbone.device), meta
 
 
+def load_for_export(drafter_dir: Path, meta: dict) -> tuple[Drafter, Backbone]:
+    """The drafter on its backbone rebuilt in fp32 from `meta` (exporters write exact weights from it)."""
+    from headstart.models.backbone import load_backbone
+
+    backbone = load_backbone(BackboneConfig(**{**meta["backbone"], "dtype": "float32"}))
+    return load_drafter(drafter_dir, backbone, meta)[0], backbone
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
     """A run folder -> its final drafter; a drafter folder as it is."""
     path = Path(path)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from headstart.models.backbone import DTYPES, BackboneConfig, load_backbone
-from headstart.models.checkpoint import load_drafter
+from headstart.models.backbone import DTYPES, BackboneConfig
+from headstart.models.checkpoint import load_for_export
 from headstart.models.distill import DistillDrafter
 from headstart.models.export.card import save_card
 
@@ -82,9 +82,7 @@ def draft_model_card(meta: dict, draft_config: dict, report: dict | None):
 
 def export(drafter_dir: Path, meta: dict, out: Path, layouts: list[str], report: dict | None) -> list[Path]:
     """A distillspec checkpoint folder -> one standard HF folder (OUT) in the dtype the target was trained in."""
-    bb_cfg = BackboneConfig(**meta["backbone"])
-    target = load_backbone(BackboneConfig(**{**meta["backbone"], "dtype": "float32"}))
-    drafter, _ = load_drafter(drafter_dir, target, meta)
-    write_hf_draft(drafter, target, out, DTYPES[bb_cfg.dtype])
+    drafter, target = load_for_export(drafter_dir, meta)
+    write_hf_draft(drafter, target, out, DTYPES[BackboneConfig(**meta["backbone"]).dtype])
     save_card(draft_model_card(meta, meta["draft_config"], report), Path(out))
     return [Path(out)]

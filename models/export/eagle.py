@@ -198,13 +198,10 @@ def eagle_card(meta: dict, layout: str, report: dict | None):
 
 def export(drafter_dir: Path, meta: dict, out: Path, layouts: list[str], report: dict | None) -> list[Path]:
     """A headstart eagle/eagle3 checkpoint -> OUT/<layout> for each layout, with a model card."""
-    from headstart.models.backbone import BackboneConfig, load_backbone
-    from headstart.models.checkpoint import load_drafter
+    from headstart.models.checkpoint import load_for_export
     from headstart.models.export.card import base_model_id, save_card
 
-    bb_cfg = BackboneConfig(**{**meta["backbone"], "dtype": "float32"})
-    backbone = load_backbone(bb_cfg)
-    drafter, _ = load_drafter(drafter_dir, backbone, meta)
+    drafter, backbone = load_for_export(drafter_dir, meta)
     base = base_model_id(meta["backbone"])
     arch = list(getattr(backbone.config, "architectures", None) or [type(backbone.model).__name__])
     written = []

@@ -142,12 +142,10 @@ def medusa_card(meta: dict, layout: str, report: dict | None):
 
 def export(drafter_dir: Path, meta: dict, out: Path, layouts: list[str], report: dict | None) -> list[Path]:
     """Medusa heads -> OUT/<layout> for each layout (OUT itself for one), each with a model card."""
-    from headstart.models.backbone import BackboneConfig, load_backbone
-    from headstart.models.checkpoint import load_drafter
+    from headstart.models.checkpoint import load_for_export
     from headstart.models.export.card import base_model_id, save_card
 
-    bb_cfg = BackboneConfig(**{**meta["backbone"], "dtype": "float32"})
-    heads, _ = load_drafter(drafter_dir, load_backbone(bb_cfg), meta)
+    heads, _ = load_for_export(drafter_dir, meta)
     base_model = base_model_id(meta["backbone"])
     written = []
     for layout in layouts:
