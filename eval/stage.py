@@ -78,15 +78,17 @@ class Evaluator:
                 f"method={method} but {ckpt} holds a {trained.name} drafter (served by {trained.proposer}). "
                 "Fix: method= (empty)"
             )
-        options = {"num_draft_tokens": cfg.num_draft_tokens, "tree": cfg.tree, "tree_nodes": cfg.tree_nodes}
-        opts = {"max_cache_len": cfg.max_cache_len, "topk": cfg.topk or None}
-        opts |= {k: v or None for k, v in options.items()}
+        # the proposer options the user set (0 / "" = the proposer's default: not passed)
+        chosen = {"num_draft_tokens": cfg.num_draft_tokens, "tree": cfg.tree, "tree_nodes": cfg.tree_nodes}
+        opts = {k: v for k, v in {**chosen, "topk": cfg.topk}.items() if v} | {
+            "max_cache_len": cfg.max_cache_len
+        }
         if cfg.draft:  # an HF draft model named on the command line
             dcfg = BackboneConfig(name="draft", path=cfg.draft, dtype=bcfg.dtype)
             opts["draft_backbone"] = self.backbone(dcfg)
         loaded = LoadedDrafter(*load_drafter(ckpt, backbone, meta), ckpt) if uses_drafter else None
         vanilla = Decoder(backbone, VANILLA, max_cache_len=cfg.max_cache_len)
-        spec = build_decoder(method, backbone, loaded, **{k: v for k, v in opts.items() if v is not None})
+        spec = build_decoder(method, backbone, loaded, **opts)
         return method, vanilla, spec
 
     def evaluate(self, ckpt: Path, meta: dict, out_dir: Path) -> dict:
