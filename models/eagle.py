@@ -39,6 +39,7 @@ from headstart.models.eagle_config import (
     vocab_coverage,
 )
 from headstart.models.eagle_ttt import smooth_l1_sum, teacher_targets
+from headstart.models.feature_cache import cached_layers
 
 __all__ = ["Eagle3Config", "EagleConfig", "EagleDrafter"]
 
@@ -124,9 +125,7 @@ class EagleDrafter(DrafterBase):
 
     def feature_cache(self) -> tuple[tuple[int, ...], str] | None:
         """The fused layers (EAGLE-1: none, the final state only) when features are cached offline."""
-        if self.cfg.hidden_cache != "offline":
-            return None
-        return tuple(self.aux_layers), self.cfg.hidden_cache_dtype
+        return cached_layers(self.cfg, self.aux_layers)
 
     def serving(self, backbone, meta: dict | None = None, live: bool = False) -> dict:
         """Served in the target's dtype (bf16 on a bf16 target), like a draft model; as it is while training."""

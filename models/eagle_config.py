@@ -9,17 +9,7 @@ import torch
 from transformers import LlamaConfig
 
 from headstart.models.eagle_ttt import ATTENTION
-
-HIDDEN_CACHES = ("online", "offline")
-HIDDEN_CACHE_DTYPES = ("bfloat16", "float16", "float32")
-
-
-def _check_hidden_cache(cfg) -> None:
-    if cfg.hidden_cache not in HIDDEN_CACHES or cfg.hidden_cache_dtype not in HIDDEN_CACHE_DTYPES:
-        raise ValueError(
-            f"method.hidden_cache={cfg.hidden_cache!r}, method.hidden_cache_dtype={cfg.hidden_cache_dtype!r}: "
-            f"expected one of {HIDDEN_CACHES} and one of {HIDDEN_CACHE_DTYPES}"
-        )
+from headstart.models.feature_cache import check_hidden_cache
 
 
 @dataclass
@@ -39,7 +29,7 @@ class EagleConfig:  # EAGLE-1/2
             raise ValueError("method.w_feat and method.w_tok must be >= 0 and not both 0")
         if self.noise < 0 or self.sim_steps < 1 or self.loss_chunk < 1:
             raise ValueError("method.noise must be >= 0, method.sim_steps and method.loss_chunk >= 1")
-        _check_hidden_cache(self)
+        check_hidden_cache(self)
 
 
 @dataclass
@@ -69,7 +59,7 @@ class Eagle3Config:
             raise ValueError("method.draft_vocab_size must be >= 1 and method.min_coverage in [0, 1]")
         if self.noise < 0 or self.sim_steps < 1 or self.loss_chunk < 1:
             raise ValueError("method.noise must be >= 0, method.sim_steps and method.loss_chunk >= 1")
-        _check_hidden_cache(self)
+        check_hidden_cache(self)
 
 
 def resolve_aux_layers(cfg: Eagle3Config, num_layers: int) -> tuple[int, ...]:

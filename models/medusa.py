@@ -16,6 +16,7 @@ from torch import nn
 
 from headstart.models.chunked_ce import linear_cross_entropy
 from headstart.models.drafter import DrafterBase
+from headstart.models.feature_cache import cached_layers, check_hidden_cache
 
 
 @dataclass
@@ -25,6 +26,10 @@ class MedusaConfig:
     share_lm_head: bool = False  # reuse the frozen lm_head: saves K x V x H parameters
     decay: float = 0.8  # head k's loss weight is decay**k
     loss_chunk: int = 1024  # rows per chunk of the vocabulary projection in the loss
+    # The backbone's last hidden state: "online" (a backbone forward in every step) or "offline" (computed once
+    # before training, models/feature_cache.py): extra epochs then cost only the heads.
+    hidden_cache: str = "online"
+    hidden_cache_dtype: str = "bfloat16"  # bfloat16 | float16 | float32 (offline shards only)
 
     def __post_init__(self) -> None:
         if not 1 <= self.num_heads <= 16:
@@ -35,6 +40,7 @@ class MedusaConfig:
             raise ValueError(f"method.decay={self.decay}: must be in (0, 1]")
         if self.loss_chunk < 1:
             raise ValueError(f"method.loss_chunk={self.loss_chunk}: must be >= 1")
+        check_hidden_cache(self)
 
 
 class ResBlock(nn.Module):
@@ -82,6 +88,10 @@ class MedusaHeads(DrafterBase):
                 "share_lm_head=True but no lm_head attached: call attach_lm_head(backbone.lm_head)"
             )
         return self._shared_lm_head[0].weight
+
+    def feature_cache(self) -> tuple[tuple[int, ...], str] | None:
+        """Offline: the final hidden state only (no aux layers)."""
+        return cached_layers(self.cfg, ())
 
     def serving(self, backbone, meta: dict | None = None, live: bool = False) -> dict:
         """The tree is built from the checkpoint's measured per-head accuracies when it has them."""

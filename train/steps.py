@@ -19,7 +19,12 @@ from headstart.train.distill_data import distill_batch
 def medusa_step(
     backbone: Backbone, drafter: nn.Module, batch: dict
 ) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    hidden, _ = backbone(batch["input_ids"], batch["attention_mask"])  # (B, T, H), no grad
+    """The heads on the backbone's last hidden state, computed here or read from the offline cache ("hidden"
+    (B, T, 1, H), train/hidden_cache.py)."""
+    if "hidden" in batch:
+        hidden = batch["hidden"][:, :, -1].to(backbone.dtype)  # (B, T, H)
+    else:
+        hidden, _ = backbone(batch["input_ids"], batch["attention_mask"])  # (B, T, H), no grad
     return drafter(hidden, batch["labels"])
 
 

@@ -1,4 +1,4 @@
-"""EAGLE's offline hidden-state cache: cached batches equal the online features, resume after an interrupted
+"""The offline hidden-state cache (EAGLE's fused layers, Medusa's last hidden state: cached batches equal the online features, resume after an interrupted
 build, reuse without the backbone, clear errors for a cache of another backbone / dataset / shard layout, and a
 full pipeline run that trains the same drafter as the online one."""
 
@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 from headstart.data import TokenizedDataset, collate
 from headstart.models.checkpoint import build_drafter
 from headstart.models.eagle_config import Eagle3Config, EagleConfig
+from headstart.models.medusa import MedusaConfig
 from headstart.train.hidden_cache import (
     CachedHiddenDataset,
     HiddenCacheError,
@@ -62,6 +63,8 @@ def test_config_checks():
         EagleConfig(hidden_cache="disk")
     with pytest.raises(ValueError, match="hidden_cache_dtype"):
         Eagle3Config(hidden_cache="offline", hidden_cache_dtype="int8")
+    with pytest.raises(ValueError, match="hidden_cache"):
+        MedusaConfig(hidden_cache="disk")
 
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
@@ -151,20 +154,21 @@ def test_reuse_without_backbone_and_mismatch_errors(tmp_path, backbone):
         CachedHiddenDataset(ds, folder, cache_meta(backbone, (), ds, "bfloat16"))
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "medusa"])
 def test_offline_pipeline_trains_the_online_drafter(tmp_path, method):
     data = write_chat_file(tmp_path / "chat.jsonl")
     short = {"train.max_steps": 4, "train.eval_every": 2, "train.save_every": 4}
     base = [
         o
         for o in train_overrides(tmp_path / "x", data, tmp_path / "cache", **short)
-        if "num_heads" not in o and not o.startswith("run_dir=")
+        if ("num_heads" not in o or method == "medusa") and not o.startswith("run_dir=")
     ]
     if method == "eagle3":
         base += ["method=eagle3", "method.draft_vocab_size=48", "method.ttt_steps=2"]
-    run_train([*base, f"run_dir={tmp_path / 'online'}"], script="train/eagle.py")
+    script = "train/medusa.py" if method == "medusa" else "train/eagle.py"
+    run_train([*base, f"run_dir={tmp_path / 'online'}"], script=script)
     offline = [*base, "method.hidden_cache=offline", "method.hidden_cache_dtype=float32"]
-    res = run_train([*offline, f"run_dir={tmp_path / 'offline'}"], script="train/eagle.py")
+    res = run_train([*offline, f"run_dir={tmp_path / 'offline'}"], script=script)
     assert "hidden cache train" in res.stderr + res.stdout and "(built)" in res.stderr + res.stdout
     online_w = load_file(tmp_path / "online" / "drafter" / "model.safetensors")
     offline_w = load_file(tmp_path / "offline" / "drafter" / "model.safetensors")
@@ -174,5 +178,5 @@ def test_offline_pipeline_trains_the_online_drafter(tmp_path, method):
     meta = json.loads((tmp_path / "offline" / "drafter" / "config.json").read_text())
     hidden = meta["data_stats"]["hidden_cache"]
     assert hidden["train"]["bytes"] > 0 and hidden["eval"]["gb"] >= 0 and not hidden["train"]["reused"]
-    res = run_train([*offline, f"run_dir={tmp_path / 'again'}"], script="train/eagle.py")  # another run
+    res = run_train([*offline, f"run_dir={tmp_path / 'again'}"], script=script)  # another run
     assert "(built)" not in res.stderr + res.stdout and "(reused)" in res.stderr + res.stdout
