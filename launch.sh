@@ -140,7 +140,8 @@ case $verb in
       if [[ $a == run_dir=* ]]; then run_dir=${a#run_dir=}; else args+=("$a"); fi
     done
     train_launch train/medusa.py experiment=medusa_smollm2_selfdistill_cpu run_dir="$run_dir" "${args[@]}"
-    "$PY" eval/run.py checkpoint=$run_dir/drafter out_dir=$run_dir/eval limit_per_category=4 max_new_tokens=128
+    "$PY" eval/run.py checkpoint=$run_dir/drafter out_dir=$run_dir/eval limit_per_category=4 max_new_tokens=128 \
+      "baselines=[prompt_lookup]"
     ;;
   medusa|eagle|distill) train_launch "train/$verb.py" "$@" ;;
   eval) "$PY" eval/run.py "$@" ;;

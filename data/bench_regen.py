@@ -20,8 +20,9 @@ from pathlib import Path
 
 from headstart.data.build import select_rows
 from headstart.data.config import DataConfig, RegenConfig
+from headstart.data.loading import open_source
 from headstart.data.selfdistill import regenerate
-from headstart.data.sources import Skips, read_rows, source_path
+from headstart.data.sources import Skips, read_rows
 from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.vllm_runner import VllmEngine, engine_spec, served_model
 
@@ -40,18 +41,25 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=16, help="HF generate batch (vLLM batches itself)")
     p.add_argument("--max-length", type=int, default=384)
+    p.add_argument("--vllm-chunk", type=int, default=RegenConfig.vllm_chunk, help="prompts per vLLM call")
+    p.add_argument("--engines", default="hf,vllm", help="comma-separated: hf, vllm")
     p.add_argument("--out", type=Path, help="write the results as JSON here too")
     args = p.parse_args(argv)
 
     backbone = load_backbone(BackboneConfig())
     cfg = DataConfig(max_rows=args.n, eval_rows=0, max_length=args.max_length)
-    with source_path(cfg.source) as path:
-        rows, _ = read_rows(path, cfg.format)
+    with open_source(cfg) as src:
+        rows, _ = read_rows(src, cfg.format, cfg)
     _, rows = select_rows(rows, cfg)
-    regen = RegenConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+    regen = RegenConfig(
+        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, vllm_chunk=args.vllm_chunk
+    )
     results, texts = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        for engine in ("hf", "vllm"):
+        engines = [e for e in args.engines.split(",") if e]
+        if not engines or set(engines) - {"hf", "vllm"}:
+            p.error(f"--engines={args.engines!r}: expected a comma-separated subset of hf,vllm")
+        for engine in engines:
             t0 = time.perf_counter()
             done, _ = regenerate(
                 rows,
@@ -71,32 +79,40 @@ def main(argv: list[str] | None = None) -> None:
                 "tokens_per_s": tokens / wall,
             }
             texts[engine] = {r.row_id: r.messages[-1]["content"] for r in done}
-    with VllmEngine(
-        engine_spec(served_model(backbone), "bfloat16", args.max_length + args.max_new_tokens)
-    ) as e:
-        startup = e.startup_s
-    v = results["vllm"]
-    v["startup_s"] = startup
-    v["tokens_per_s_after_startup"] = v["tokens"] / max(v["wall_s"] - startup, 1e-9)
-    same = sum(texts["hf"].get(k) == t for k, t in texts["vllm"].items())
     print(f"{len(rows)} prompts, up to {args.max_new_tokens} new tokens, greedy, bf16, SmolLM2-135M")
     print("| engine | rows | tokens | wall s | tokens/s |")
     print("|---|---|---|---|---|")
-    h = results["hf"]
-    print(
-        f"| HF generate (batch {args.batch_size}) | {h['rows']} | {h['tokens']} | {h['wall_s']:.1f} | {h['tokens_per_s']:.1f} |"
-    )
-    print(
-        f"| vLLM, start-up included | {v['rows']} | {v['tokens']} | {v['wall_s']:.1f} | {v['tokens_per_s']:.1f} |"
-    )
-    print(
-        f"| vLLM, after its {startup:.0f} s start-up | {v['rows']} | {v['tokens']} | {v['wall_s'] - startup:.1f} | "
-        f"{v['tokens_per_s_after_startup']:.1f} |"
-    )
-    print(
-        f"vLLM / HF: {v['tokens_per_s'] / h['tokens_per_s']:.2f}x with start-up, "
-        f"{v['tokens_per_s_after_startup'] / h['tokens_per_s']:.2f}x after; identical replies: {same}/{len(texts['vllm'])}"
-    )
+    same = None
+    if "hf" in results:
+        h = results["hf"]
+        print(
+            f"| HF generate (batch {args.batch_size}) | {h['rows']} | {h['tokens']} | {h['wall_s']:.1f} | "
+            f"{h['tokens_per_s']:.1f} |"
+        )
+    if "vllm" in results:
+        with VllmEngine(
+            engine_spec(served_model(backbone), "bfloat16", args.max_length + args.max_new_tokens)
+        ) as e:
+            startup = e.startup_s  # one more engine started alone: its start-up, to subtract
+        v = results["vllm"]
+        v["startup_s"] = startup
+        v["tokens_per_s_after_startup"] = v["tokens"] / max(v["wall_s"] - startup, 1e-9)
+        print(
+            f"| vLLM (chunk {args.vllm_chunk}), start-up included | {v['rows']} | {v['tokens']} | "
+            f"{v['wall_s']:.1f} | {v['tokens_per_s']:.1f} |"
+        )
+        print(
+            f"| vLLM, after its {startup:.0f} s start-up | {v['rows']} | {v['tokens']} | "
+            f"{v['wall_s'] - startup:.1f} | {v['tokens_per_s_after_startup']:.1f} |"
+        )
+    if len(results) == 2:
+        h, v = results["hf"], results["vllm"]
+        same = sum(texts["hf"].get(k) == t for k, t in texts["vllm"].items())
+        print(
+            f"vLLM / HF: {v['tokens_per_s'] / h['tokens_per_s']:.2f}x with start-up, "
+            f"{v['tokens_per_s_after_startup'] / h['tokens_per_s']:.2f}x after; identical replies: "
+            f"{same}/{len(texts['vllm'])}"
+        )
     if args.out:
         args.out.write_text(json.dumps({"results": results, "identical_replies": same}, indent=1))
 

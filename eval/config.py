@@ -50,6 +50,9 @@ class EvalConfig:
     topk: int = 0  # eagle: children per expanded node and nodes expanded per level; 0 = 10 on CUDA, 4 on CPU
     draft: str = ""  # method=draft: the draft model (Hub id, folder or .gguf), same tokenizer as the target
     warmup: int = 1  # prompts decoded untimed (both paths) before measuring
+    # training-free methods scored on the same prompts beside the drafter (e.g. [prompt_lookup]): compare.md
+    # puts them side by side, overall and per category (eval/compare.py)
+    baselines: list[str] = field(default_factory=list)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     # interleaved rounds, stopping rule, physical checks, CPU threads (eval/timing.py): timing.budget_s=0 for one pass
     timing: TimingConfig = field(default_factory=TimingConfig)
@@ -79,8 +82,20 @@ class EvalConfig:
             )
         if not (self.device in ("auto", "cpu", "mps") or self.device.split(":")[0] == "cuda"):
             raise EvalError(f"device={self.device!r}: expected auto, cpu, cuda or cuda:N")
+        free = baseline_methods()
+        bad = [b for b in self.baselines if b not in free]
+        if bad:
+            raise EvalError(f"baselines={bad}: a baseline needs no drafter. Fix: pick from {list(free)}")
         if not self.checkpoint:
             raise EvalError("checkpoint= is required. Fix: checkpoint=runs/<run>/drafter (or the run folder)")
+
+
+def baseline_methods() -> tuple[str, ...]:
+    """Decoding methods that need no trained drafter nor draft model (prompt lookup)."""
+    from headstart.models import registry
+
+    served = {m.proposer for m in registry.METHODS.values()} | {DRAFT}
+    return tuple(m for m in SPEC_METHODS if m not in served)
 
 
 def register_configs() -> None:

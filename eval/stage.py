@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from headstart.eval.compare import compare, write_compare
 from headstart.eval.config import EvalConfig, EvalError
 from headstart.eval.engine.decoder import Decoder, build_decoder
 from headstart.eval.engine.proposers import DRAFT, PROPOSERS, VANILLA
@@ -64,9 +65,13 @@ class Evaluator:
             ids = chat_ids(backbone.tokenizer, [{"role": "user", "content": p.turns[0]}])
             check_fits(len(ids), self.opts, f"prompt {p.question_id!r}")
 
-    def decoders(self, ckpt: Path, meta: dict, backbone: Backbone, bcfg: BackboneConfig):
-        """(decoding method, vanilla decoder, speculative decoder) for the checkpoint `meta` was read from."""
+    def decoders(self, ckpt: Path, meta: dict, backbone: Backbone, bcfg: BackboneConfig, baseline: str = ""):
+        """(decoding method, vanilla decoder, speculative decoder) for the checkpoint `meta` was read from, or
+        for a training-free `baseline` method on the same backbone."""
         cfg = self.cfg
+        if baseline:  # the decoder's own defaults: the user's options are the drafter's
+            spec = build_decoder(baseline, backbone, None, max_cache_len=cfg.max_cache_len)
+            return baseline, Decoder(backbone, VANILLA, max_cache_len=cfg.max_cache_len), spec
         trained = registry.get(meta["method"])
         method = cfg.method or trained.proposer  # empty: the proposer that serves the trained drafter
         # the checkpoint's drafter is used by its own proposer, unless method=draft names another draft model
@@ -91,14 +96,15 @@ class Evaluator:
         spec = build_decoder(method, backbone, loaded, **opts)
         return method, vanilla, spec
 
-    def evaluate(self, ckpt: Path, meta: dict, out_dir: Path) -> dict:
-        """Score the checkpoint `ckpt` whose config.json is `meta`."""
+    def evaluate(self, ckpt: Path, meta: dict, out_dir: Path, baseline: str = "") -> dict:
+        """Score the checkpoint `ckpt` whose config.json is `meta` (or, with `baseline`, that training-free
+        method on the checkpoint's backbone)."""
         cfg = self.cfg
         bcfg = BackboneConfig(**meta["backbone"])
         if cfg.dtype:
             bcfg = replace(bcfg, dtype=cfg.dtype)
         backbone = self.backbone(bcfg)
-        method, vanilla, spec = self.decoders(ckpt, meta, backbone, bcfg)
+        method, vanilla, spec = self.decoders(ckpt, meta, backbone, bcfg, baseline)
         n = len(self.prompts.prompts)
         log.info("scoring %s (%s) on %d prompts -> %s", ckpt, method, n, out_dir)
         with tqdm(total=n, desc=f"eval {method} vs vanilla", unit="prompt") as bar:
@@ -115,7 +121,7 @@ class Evaluator:
         report = {
             "method": method,
             "backbone": {**asdict(bcfg), "fingerprint": backbone.fingerprint()},
-            "checkpoint": str(ckpt),
+            "checkpoint": None if baseline else str(ckpt),
             **({"draft": cfg.draft or str(ckpt)} if method == DRAFT else {}),  # which draft LM proposed
             "step": step_of(ckpt, meta),
             "temperature": cfg.temperature,
@@ -134,7 +140,7 @@ class Evaluator:
             **aggregate(records, greedy=cfg.temperature == 0, timing=timing),
             "timing": timing,  # pairs, rounds, step costs, bound, flags, threads and load (eval/timing.py)
             # vLLM's figures for this drafter when `./launch.sh serve-check` ran on it (eval/serve_check.py)
-            "vllm_serve_check": find_serve_check(ckpt),
+            "vllm_serve_check": None if baseline else find_serve_check(ckpt),
         }
         figures = write_report(out_dir, report, records)
         log.info("%s: tau %.3f, speedup %.3fx %s", ckpt, report["tau"] or 0, report["speedup"] or 0,
@@ -189,6 +195,22 @@ def run(cfg: EvalConfig) -> dict:
         }  # fmt: skip
     else:
         summary, payload = score_run_dir(ev, checkpoints, Path(cfg.checkpoint), out)
+    if cfg.baselines:  # beside the drafter (the best one of a run), on the same prompts and backbone
+        if "checkpoints" in summary:
+            best = Path(next(e for e in summary["checkpoints"] if e["best"])["checkpoint"])
+            drafter = json.loads((out / best.relative_to(cfg.checkpoint) / "report.json").read_text())
+        else:
+            best, drafter = Path(cfg.checkpoint), summary
+        reports = {
+            b: ev.evaluate(best, checkpoints[best], out / "baselines" / b, baseline=b)["report"]
+            for b in cfg.baselines
+        }
+        cmp = compare(drafter, reports)
+        write_compare(out, cmp)
+        for b, w in cmp["wins"].items():
+            log.info("%s %.3fx vs %s %.3fx: at least as fast in %d of %d categories", drafter["method"],
+                     drafter["speedup"] or 0, b, reports[b]["speedup"] or 0, w["categories"], w["of"])  # fmt: skip
+        summary = {**summary, "baselines": cmp}
     if cfg.logger.kind == "wandb":
         keys = ("checkpoint", "prompts", "method", "temperature", "max_new_tokens", "limit_per_category")
         config = {k: getattr(cfg, k) for k in keys}

@@ -249,3 +249,45 @@ def test_report_carries_the_serve_checks_vllm_figures(ckpt, prompt_file, tmp_pat
     assert report["vllm_serve_check"]["layouts"][0]["vllm"]["tau"] == 1.31
     md = (tmp_path / "out" / "report.md").read_text()
     assert "Measured in vLLM" in md and "| medusa-vllm | yes | 1.31 | 1.30 |" in md and "1.20x" in md
+
+
+def test_baselines_are_scored_beside_the_drafter(ckpt, prompt_file, tmp_path):
+    from headstart.eval.stage import run
+
+    out = tmp_path / "out"
+    report = run(_cfg(ckpt, prompt_file, out, limit_per_category=1, warmup=0, baselines=["prompt_lookup"]))
+    base = json.loads((out / "baselines" / "prompt_lookup" / "report.json").read_text())
+    assert base["method"] == "prompt_lookup" and base["checkpoint"] is None
+    assert base["prompts"]["n"] == report["prompts"]["n"] == 2  # the same prompts
+    assert base["greedy_matches_vanilla"] == 1.0
+    cmp = json.loads((out / "compare.json").read_text())
+    assert (
+        set(cmp["overall"]) == {"drafter", "prompt_lookup"}
+        and cmp["overall"]["drafter"]["method"] == "medusa"
+    )
+    assert set(cmp["categories"]) == {"coding", "writing"} and cmp["wins"]["prompt_lookup"]["of"] == 2
+    assert report["baselines"] == cmp and "prompt_lookup tau / speedup" in (out / "compare.md").read_text()
+
+
+def test_a_baseline_that_needs_a_drafter_is_refused(ckpt, prompt_file, tmp_path):
+    with pytest.raises(EvalError, match=r"baselines=\['medusa'\].*prompt_lookup"):
+        _cfg(ckpt, prompt_file, tmp_path / "out", baselines=["medusa"])
+
+
+def _rep(method: str, speedup: float, cats: dict[str, float], flags=()) -> dict:
+    return {"method": method, "tau": 1.5, "speedup": speedup, "speedup_ci": [speedup - 0.1, speedup + 0.1],
+            "speedup_flags": list(flags), "temperature": 0.0,
+            "categories": {c: {"tau": 1.5, "speedup": s} for c, s in cats.items()}}  # fmt: skip
+
+
+def test_compare_counts_categories_where_the_drafter_is_at_least_as_fast():
+    from headstart.eval.compare import compare
+
+    drafter = _rep("medusa", 1.2, {"a": 1.3, "b": 1.0, "c": 1.1})
+    lookup = _rep("prompt_lookup", 1.1, {"a": 1.2, "b": 1.5, "c": 1.1})
+    cmp = compare(drafter, {"prompt_lookup": lookup})
+    assert cmp["wins"]["prompt_lookup"] == {"categories": 2, "of": 3, "overall": True}  # a, c (a tie counts)
+    flagged = compare(
+        _rep("medusa", 1.2, {"a": 1.3}, flags=["above_bound"]), {"pl": _rep("pl", 1.1, {"a": 1})}
+    )
+    assert flagged["wins"]["pl"]["overall"] is False  # a flagged figure never wins

@@ -1,0 +1,74 @@
+"""The drafter beside training-free baselines (prompt lookup) scored on the same prompts by the same stage:
+tau and measured speedup overall and per category, and in how many categories the drafter is at least as fast.
+Each speedup is the stage's own (vanilla and speculative decoding interleaved, eval/timing.py), so the figures
+compare like with like; a flagged figure is shown and counts as no win."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _fast(report: dict) -> float:
+    return (report.get("speedup") or 0.0) if not report.get("speedup_flags") else 0.0
+
+
+def compare(drafter: dict, baselines: dict[str, dict]) -> dict:
+    """drafter / baselines: eval reports (report.json) on the same prompt set -> the side-by-side table."""
+    cats = sorted(drafter["categories"])
+    rows = {}
+    for name in cats:
+        row = {"drafter": {k: drafter["categories"][name][k] for k in ("tau", "speedup")}}
+        for b, rep in baselines.items():
+            c = rep["categories"].get(name, {})
+            row[b] = {"tau": c.get("tau"), "speedup": c.get("speedup")}
+        rows[name] = row
+    wins = {}
+    for b in baselines:
+        won = [n for n in cats if (rows[n]["drafter"]["speedup"] or 0) >= (rows[n][b]["speedup"] or 0)]
+        wins[b] = {"categories": len(won), "of": len(cats), "overall": _fast(drafter) >= _fast(baselines[b])}
+    overall = {"drafter": {"method": drafter["method"], "tau": drafter["tau"], "speedup": drafter["speedup"],
+                           "speedup_ci": drafter.get("speedup_ci"), "flags": drafter.get("speedup_flags", [])}}  # fmt: skip
+    for b, rep in baselines.items():
+        overall[b] = {"method": rep["method"], "tau": rep["tau"], "speedup": rep["speedup"],
+                      "speedup_ci": rep.get("speedup_ci"), "flags": rep.get("speedup_flags", [])}  # fmt: skip
+    return {"overall": overall, "categories": rows, "wins": wins, "temperature": drafter.get("temperature")}
+
+
+def _f(x, nd: int = 2) -> str:
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def compare_lines(cmp: dict) -> list[str]:
+    names = list(cmp["overall"])
+    lines = [f"# Drafter vs training-free baselines (temperature {cmp['temperature']})", ""]
+    lines += ["| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    lines.append("| method | " + " | ".join(cmp["overall"][n]["method"] for n in names) + " |")
+    lines.append("| tau | " + " | ".join(_f(cmp["overall"][n]["tau"], 3) for n in names) + " |")
+    lines.append(
+        "| speedup [95% CI] | "
+        + " | ".join(
+            f"{_f(o['speedup'], 3)}x [{_f((o['speedup_ci'] or [None])[0])}, {_f((o['speedup_ci'] or [None, None])[-1])}]"
+            + (" FLAGGED" if o["flags"] else "")
+            for o in (cmp["overall"][n] for n in names)
+        )
+        + " |"
+    )
+    for b, w in cmp["wins"].items():
+        lines.append(
+            f"\nThe drafter is at least as fast as {b} overall: {'yes' if w['overall'] else 'no'}; "
+            f"in {w['categories']} of {w['of']} categories."
+        )
+    lines += ["", "| category | " + " | ".join(f"{n} tau / speedup" for n in names) + " |"]
+    lines.append("|---|" + "---|" * len(names))
+    for cat, row in cmp["categories"].items():
+        cells = [f"{_f(row[n]['tau'])} / {_f(row[n]['speedup'])}x" for n in names]
+        lines.append(f"| {cat} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def write_compare(out_dir: Path, cmp: dict) -> Path:
+    out_dir = Path(out_dir)
+    (out_dir / "compare.json").write_text(json.dumps(cmp, indent=1))
+    (out_dir / "compare.md").write_text("\n".join(compare_lines(cmp)))
+    return out_dir / "compare.md"
