@@ -66,6 +66,20 @@ class Costs:
         )
 
 
+def non_decreasing(table: dict[int, float]) -> dict[int, float]:
+    """The least-squares non-decreasing fit of costs by width (pool adjacent violators): a forward of more
+    tokens never costs less, so a narrower width timed slower than a wider one is noise, averaged out (a
+    loaded CPU timed width 3 5% below width 1, which made the tuner 9% optimistic)."""
+    blocks: list[list[float]] = []  # [mean, count] of pooled adjacent widths
+    for w in sorted(table):
+        blocks.append([table[w], 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    fitted = [m for m, n in blocks for _ in range(int(n))]
+    return dict(zip(sorted(table), fitted))
+
+
 def expected_tokens(tree: Tree, acc: list[list[float]]) -> float:
     """E[tokens emitted per step] for `tree` (with top-k ranks) under acceptance table acc[depth-1][rank]
     (0 beyond the table): 1 (the bonus token) + the sum of the path products."""

@@ -24,7 +24,7 @@ from headstart.eval.bounds import step_costs
 from headstart.eval.engine.decoder import Decoder, build_decoder
 from headstart.eval.engine.proposers import VANILLA, tuning
 from headstart.eval.engine.tree import Tree, chain_tree
-from headstart.eval.speed_model import Costs, rank, speedup_at
+from headstart.eval.speed_model import Costs, non_decreasing, rank, speedup_at
 from headstart.eval.timing import choose_threads
 from headstart.models.checkpoint import LoadedDrafter, read_decoding, weights_signature, write_decoding
 
@@ -175,7 +175,8 @@ def _decode(decoder: Decoder, prompts: list[list[int]], new_tokens: int) -> tupl
 
 
 def measure(method: str, backbone, loaded: LoadedDrafter, prompts: list[list[int]], cfg: TunerConfig, hooks):
-    """-> (costs without the drafter's, measured acceptance table, the probe's description, context)."""
+    """-> (costs without the drafter's, measured acceptance table, the probe's description, a prompt + answer
+    to time steps after, the widest verify forward considered)."""
     cache = max(len(p) for p in prompts) + cfg.probe_tokens + 512
     cuda = backbone.device.type == "cuda"
     vanilla = Decoder(backbone, VANILLA, max_cache_len=cache)
@@ -191,14 +192,17 @@ def measure(method: str, backbone, loaded: LoadedDrafter, prompts: list[list[int
         count_path(tree, path, hits, trials)
     ranks = max((len(h) for h in hits), default=1)
     measured = acceptance_table(hits, trials, cfg.min_trials, ranks)
+    book = {1: b1, default.proposer.width: b_default, probe.proposer.width: b_probe}
+    probe_info = {"options": probe_opts, "width": probe.proposer.width, "steps": len(recorder.steps),
+                  "trials_by_depth": trials, "prompts": len(prompts), "tokens": cfg.probe_tokens}  # fmt: skip
+    del default, probe, recorder  # EAGLE proposers' feature hooks go with them, before the forwards are timed
     max_width = cfg.max_width or (96 if cuda else 32)
     widths = [w for w in WIDTHS if w <= max_width]
     shapes = {str(w): (w, None if w == 1 else chain_tree(w - 1)) for w in widths}
-    verify = {int(w): s for w, s in step_costs(backbone, shapes, context, cfg.reps).items()}
-    book = {1: b1, default.proposer.width: b_default, probe.proposer.width: b_probe}
+    raw = {int(w): s for w, s in step_costs(backbone, shapes, context, cfg.reps).items()}
+    verify = non_decreasing(raw)
     costs = Costs(verify=verify, draft={}, bookkeeping=book, prefill=prefill)
-    probe_info = {"options": probe_opts, "width": probe.proposer.width, "steps": len(recorder.steps),
-                  "trials_by_depth": trials, "prompts": len(prompts), "tokens": cfg.probe_tokens}  # fmt: skip
+    probe_info["verify_s_as_timed"] = {str(w): t for w, t in raw.items()}  # before the non-decreasing fit
     return costs, measured, probe_info, context, max_width
 
 

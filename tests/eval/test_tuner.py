@@ -12,7 +12,7 @@ import pytest
 from headstart.eval.engine.proposers.base import Setting
 from headstart.eval.engine.proposers.medusa import MedusaTuning
 from headstart.eval.engine.tree import Tree, chain_tree, tree_from_paths
-from headstart.eval.speed_model import Costs, expected_tokens, predict, rank, speedup_at
+from headstart.eval.speed_model import Costs, expected_tokens, non_decreasing, predict, rank, speedup_at
 from headstart.eval.tuner import acceptance_table, count_path
 from headstart.models.checkpoint import DECODING_NAME, read_decoding, write_decoding
 from headstart.models.medusa import MedusaConfig, MedusaHeads
@@ -40,6 +40,12 @@ def test_speedup_is_tokens_per_step_over_relative_step_cost():
     assert p["tokens_per_step"] == pytest.approx(1.75) and p["speedup"] == pytest.approx(1.75)
     assert speedup_at(2.0, prefill_steps=0, new_tokens=10) == pytest.approx(2.0)
     assert speedup_at(2.0, prefill_steps=10, new_tokens=10) == pytest.approx(20 / 15)
+
+
+def test_verify_costs_are_fitted_non_decreasing():
+    assert non_decreasing({1: 1.0, 2: 2.0, 3: 3.0}) == {1: 1.0, 2: 2.0, 3: 3.0}
+    assert non_decreasing({1: 104.0, 3: 100.0, 4: 117.0}) == {1: 102.0, 3: 102.0, 4: 117.0}
+    assert non_decreasing({1: 3.0, 2: 1.0, 3: 2.0, 4: 5.0}) == {1: 2.0, 2: 2.0, 3: 2.0, 4: 5.0}
 
 
 def _heads(k: int = 3) -> MedusaHeads:
@@ -186,3 +192,30 @@ def test_speculators_export_writes_k(backbone, tmp_path):
     d = build_drafter("eagle3", Eagle3Config(aux_layers=[1, 1, 1], draft_vocab_size=64), backbone)
     config, _ = to_layout(d, "speculators", "base", ["LlamaForCausalLM"], k=5)
     assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 5
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_eagle_tuning_measures_and_chooses(method, tmp_path):
+    """The EAGLE hooks end to end on a random drafter: acceptance measured by the probe, every setting's drafter
+    cost timed, a (depth, nodes, topk) the decoder takes."""
+    from headstart.eval.engine.decoder import build_decoder
+    from headstart.eval.tuner import TunerConfig, tune
+    from headstart.models import registry
+    from headstart.models.backbone import BackboneConfig, load_backbone
+    from headstart.models.checkpoint import LoadedDrafter, build_drafter, load_drafter, save_drafter
+
+    cfg = BackboneConfig(
+        name="tiny", path="tiny", dtype="float32", tiny={"seed": 3, "initializer_range": 0.2}
+    )
+    bb, m = load_backbone(cfg), registry.get(method)
+    mcfg = m.config(aux_layers=[1, 1, 1], draft_vocab_size=64) if method == "eagle3" else m.config()
+    ckpt = save_drafter(tmp_path / "d", build_drafter(method, mcfg, bb), method, mcfg, cfg, bb)
+    loaded = LoadedDrafter(*load_drafter(ckpt, bb), ckpt)
+    record = tune(
+        m.proposer, bb, loaded, [[5, 6, 7, 8, 9], [10, 11, 12]], TunerConfig(reps=3, probe_tokens=16)
+    )
+    assert record["acceptance"]["source"] == "measured"
+    assert set(record["decoder"]) == {"num_draft_tokens", "tree_nodes", "topk"}
+    assert record["costs_s"]["draft"] and 1 <= record["vllm"]["num_speculative_tokens"] <= 8
+    spec = build_decoder(m.proposer, bb, loaded, **record["decoder"])
+    assert spec.proposer.width == record["decoder"]["tree_nodes"] + 1
