@@ -7,6 +7,7 @@
 #   ./launch.sh distill [overrides]  accelerate launch train/distill.py (DistillSpec)
 #   ./launch.sh eval   [overrides]   python eval/run.py checkpoint=DIR [prompts=FILE out_dir=DIR ...]
 #   ./launch.sh export [args]        python train/export.py --checkpoint DIR [--layout all] [--push REPO_ID]
+#   ./launch.sh tune   [args]        python eval/tune.py --checkpoint DIR: decoding settings from measured cost
 #   ./launch.sh bench-train [args]   training throughput / memory benchmark (train/benchmark.py)
 #   ./launch.sh bench-decode [args]  decoding speed vs HF generate (eval/benchmark.py)
 #   ./launch.sh test   [pytest args] the test suite (add `-m slow` for the real-model tests)
@@ -146,6 +147,7 @@ case $verb in
   medusa|eagle|distill) train_launch "train/$verb.py" "$@" ;;
   eval) "$PY" eval/run.py "$@" ;;
   export) "$PY" train/export.py "$@" ;;
+  tune) "$PY" eval/tune.py "$@" ;;
   bench-train) "$PY" train/benchmark.py "$@" ;;
   bench-decode) "$PY" eval/benchmark.py "$@" ;;
   test) "$PY" -m pytest -q "$@" ;;

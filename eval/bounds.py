@@ -50,7 +50,8 @@ def step_costs(backbone, shapes: dict[str, tuple[int, Tree | None]], context: li
     runner.prefill(context)
     dev = backbone.device
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    candidates = torch.tensor(context[-width:][::-1][: width - 1] or [0], device=dev)
+    pool = context[::-1] * (width // len(context) + 1)  # a context shorter than the widest step repeats
+    candidates = torch.tensor(pool[: width - 1] or [0], device=dev)
     names = list(shapes)
     times: dict[str, list[float]] = {n: [] for n in names}
     for rep in range(reps + 1):

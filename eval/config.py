@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 import headstart.data
 from headstart.eval.engine.proposers import DRAFT, PROPOSERS
 from headstart.eval.timing import TimingConfig
+from headstart.eval.tuner import TunerConfig
 from headstart.models.backbone import DTYPES
 from headstart.tracking import LoggerConfig
 
@@ -40,6 +41,9 @@ class EvalConfig:
     device: str = "auto"  # auto (cuda when present) | cpu | cuda | cuda:N
     dtype: str = ""  # empty: the dtype the checkpoint's backbone was trained with
     max_cache_len: int = 2048  # KV-cache length: every turn's full conversation + its answer must fit
+    # The proposer options below: all unset (0 / "") on a medusa / eagle checkpoint = the tuner's choice
+    # (`tuner`, eval/tuner.py: measured on this device, saved as <checkpoint>/decoding.json); any one set = the
+    # user's options, the rest at the decoder's defaults.
     # prompt_lookup / draft: tokens proposed per step; eagle: tree depth. 0 = the decoder's default (4; eagle:
     # EAGLE-2's depth 5 on CUDA, 2 on CPU)
     num_draft_tokens: int = 0
@@ -48,6 +52,7 @@ class EvalConfig:
     # medusa / eagle: candidate-tree size; 0 = the decoder default (medusa 63 on CUDA, 4 on CPU; eagle 60, 6)
     tree_nodes: int = 0
     topk: int = 0  # eagle: children per expanded node and nodes expanded per level; 0 = 10 on CUDA, 4 on CPU
+    tuner: TunerConfig = field(default_factory=TunerConfig)  # tuner.mode=off: the hand-set defaults above
     draft: str = ""  # method=draft: the draft model (Hub id, folder or .gguf), same tokenizer as the target
     warmup: int = 1  # prompts decoded untimed (both paths) before measuring
     # training-free methods scored on the same prompts beside the drafter (e.g. [prompt_lookup]): compare.md

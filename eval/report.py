@@ -82,6 +82,26 @@ def timing_lines(t: dict | None) -> list[str]:
     return lines
 
 
+def decoding_lines(d: dict | None) -> list[str]:
+    """report.md's section on the decoding settings: where they came from and, when the tuner chose them,
+    its predicted speedup beside the measured one."""
+    if not d:
+        return []
+    opts = ", ".join(f"{k}={v}" for k, v in d["options"].items()) or "the decoder's defaults"
+    lines = ["", "## Decoding settings", "", f"- {opts} (chosen by: {d['source']})"]
+    if "predicted_speedup" not in d:
+        return lines
+    lines += [
+        f"- tuner ({'reused' if d['reused'] else 'measured now'}, acceptance from the {d['acceptance_source']}): "
+        f"predicted tau {_fmt(d['predicted_tau'], 3)} vs measured {_fmt(d['measured_tau'], 3)}; predicted "
+        f"speedup {_fmt(d['predicted_speedup'], 3)}x at this run's answer length (steady state "
+        f"{_fmt(d['predicted_speedup_steady'], 3)}x) vs measured {_fmt(d['measured_speedup'], 3)}x: ratio "
+        f"{_fmt(d['ratio'], 3)}" + (f" **FLAGGED** ({d['flag']})" if d["flag"] else ""),
+        f"- vLLM: num_speculative_tokens {d['vllm_num_speculative_tokens']} (the tuner's chain length)",
+    ]
+    return lines
+
+
 def markdown(report: dict) -> str:
     r = report
     lines = [
@@ -127,6 +147,7 @@ def markdown(report: dict) -> str:
     rates = r.get("acceptance_rate_by_position", [])
     for i, a in enumerate(r["acceptance_by_position"]):
         lines.append(f"| {i + 1} | {a:.3f} | {_fmt(rates[i] if i < len(rates) else None, 3)} |")
+    lines += decoding_lines(r.get("decoding"))
     lines += timing_lines(r.get("timing"))
     lines += serve_check_lines(r.get("vllm_serve_check"))
     if r["prompts"]["bad_examples"]:

@@ -25,6 +25,7 @@ from headstart.eval.measure import score_prompts
 from headstart.eval.prompts import PromptSet, chat_ids, load_prompts
 from headstart.eval.report import log_wandb, write_report, write_runs_summary
 from headstart.eval.score import GenOpts, aggregate, check_fits
+from headstart.eval.tuner import decoding_report, load_or_tune, probe_ids
 from headstart.models import registry
 from headstart.models.backbone import Backbone, BackboneConfig, load_backbone
 from headstart.models.checkpoint import LoadedDrafter, find_checkpoints, load_drafter, step_of
@@ -66,12 +67,13 @@ class Evaluator:
             check_fits(len(ids), self.opts, f"prompt {p.question_id!r}")
 
     def decoders(self, ckpt: Path, meta: dict, backbone: Backbone, bcfg: BackboneConfig, baseline: str = ""):
-        """(decoding method, vanilla decoder, speculative decoder) for the checkpoint `meta` was read from, or
-        for a training-free `baseline` method on the same backbone."""
+        """(decoding method, vanilla decoder, speculative decoder, the settings used and where they came from)
+        for the checkpoint `meta` was read from, or for a training-free `baseline` method on its backbone."""
         cfg = self.cfg
-        if baseline:  # the decoder's own defaults: the user's options are the drafter's
+        vanilla = Decoder(backbone, VANILLA, max_cache_len=cfg.max_cache_len)
+        if baseline:  # the decoder's own defaults: the user's options and the tuner's are the drafter's
             spec = build_decoder(baseline, backbone, None, max_cache_len=cfg.max_cache_len)
-            return baseline, Decoder(backbone, VANILLA, max_cache_len=cfg.max_cache_len), spec
+            return baseline, vanilla, spec, {"source": "default", "options": {}, "tuner": None}
         trained = registry.get(meta["method"])
         method = cfg.method or trained.proposer  # empty: the proposer that serves the trained drafter
         # the checkpoint's drafter is used by its own proposer, unless method=draft names another draft model
@@ -83,18 +85,26 @@ class Evaluator:
                 f"method={method} but {ckpt} holds a {trained.name} drafter (served by {trained.proposer}). "
                 "Fix: method= (empty)"
             )
-        # the proposer options the user set (0 / "" = the proposer's default: not passed)
+        # the proposer options the user set (0 / "" = unset: the tuner's choice, else the proposer's default)
         chosen = {"num_draft_tokens": cfg.num_draft_tokens, "tree": cfg.tree, "tree_nodes": cfg.tree_nodes}
-        opts = {k: v for k, v in {**chosen, "topk": cfg.topk}.items() if v} | {
-            "max_cache_len": cfg.max_cache_len
-        }
+        user = {k: v for k, v in {**chosen, "topk": cfg.topk}.items() if v}
+        opts = {**user, "max_cache_len": cfg.max_cache_len}
         if cfg.draft:  # an HF draft model named on the command line
             dcfg = BackboneConfig(name="draft", path=cfg.draft, dtype=bcfg.dtype)
             opts["draft_backbone"] = self.backbone(dcfg)
         loaded = LoadedDrafter(*load_drafter(ckpt, backbone, meta), ckpt) if uses_drafter else None
-        vanilla = Decoder(backbone, VANILLA, max_cache_len=cfg.max_cache_len)
+        tuned = None
+        if loaded is not None and not user:
+            ids = probe_ids(self.prompts, backbone, cfg.tuner.probe_prompts)
+            tuned = load_or_tune(method, backbone, loaded, ids, cfg.tuner, cfg.timing.threads)
+            opts |= tuned["decoder"] if tuned else {}
+        settings = {
+            "source": "tuner" if tuned else "user" if user else "default",
+            "options": user,
+            "tuner": tuned,
+        }
         spec = build_decoder(method, backbone, loaded, **opts)
-        return method, vanilla, spec
+        return method, vanilla, spec, settings
 
     def evaluate(self, ckpt: Path, meta: dict, out_dir: Path, baseline: str = "") -> dict:
         """Score the checkpoint `ckpt` whose config.json is `meta` (or, with `baseline`, that training-free
@@ -104,7 +114,7 @@ class Evaluator:
         if cfg.dtype:
             bcfg = replace(bcfg, dtype=cfg.dtype)
         backbone = self.backbone(bcfg)
-        method, vanilla, spec = self.decoders(ckpt, meta, backbone, bcfg, baseline)
+        method, vanilla, spec, settings = self.decoders(ckpt, meta, backbone, bcfg, baseline)
         n = len(self.prompts.prompts)
         log.info("scoring %s (%s) on %d prompts -> %s", ckpt, method, n, out_dir)
         with tqdm(total=n, desc=f"eval {method} vs vanilla", unit="prompt") as bar:
@@ -142,6 +152,10 @@ class Evaluator:
             # vLLM's figures for this drafter when `./launch.sh serve-check` ran on it (eval/serve_check.py)
             "vllm_serve_check": None if baseline else find_serve_check(ckpt),
         }
+        per_turn = sum(r["vanilla"]["new_tokens"] for r in records) / sum(
+            len(p.turns) for p in self.prompts.prompts
+        )
+        report["decoding"] = decoding_report(settings, report, per_turn)
         figures = write_report(out_dir, report, records)
         log.info("%s: tau %.3f, speedup %.3fx %s", ckpt, report["tau"] or 0, report["speedup"] or 0,
                  report["speedup_ci"])  # fmt: skip

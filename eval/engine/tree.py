@@ -132,6 +132,16 @@ def chain_tree(n: int) -> Tree:
     return Tree(tuple(range(-1, n)), (-1,) + (0,) * n)
 
 
+def tree_paths(tree: Tree) -> list[list[int]]:
+    """The top-k rank paths of a tree that has ranks (the inverse of tree_from_paths), root excluded."""
+    if len(tree.ranks) != tree.size:
+        raise TreeError("this tree has no top-k ranks (it was not built from Medusa paths)")
+    paths: list[list[int]] = [[]]
+    for i in range(1, tree.size):
+        paths.append(paths[tree.parents[i]] + [tree.ranks[i]])
+    return paths[1:]
+
+
 def tree_from_accuracy(head_accuracy: list[list[float]], num_nodes: int) -> Tree:
     """Medusa's construction (Cai et al. 2024, Sec. 2.1.2 "optimized tree"): with acc[k][r] the probability that
     head k's rank-r candidate is right, a node's expected acceptance is the product of acc along its path; add

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from headstart.models import registry
-from headstart.models.checkpoint import read_meta, resolve_checkpoint
+from headstart.models.checkpoint import read_decoding, read_meta, resolve_checkpoint
 from headstart.models.export.card import THIS_REPO, find_report
 from headstart.models.export.hub import check_hub_access, push_folder
 from headstart.models.export.serve_card import append_serve_check, find_serve_check
@@ -38,10 +38,12 @@ def export(
     Hub repo `push` (suffixed with the folder name when there are several). `license`: the cards' license
     (the base model's; `other` when not given)."""
     drafter_dir = resolve_checkpoint(Path(checkpoint))
-    # what the cards add: the license, and vLLM's figures when the serve check ran (eval/serve_check.py)
+    # what the cards add: the license, and vLLM's figures when the serve check ran (eval/serve_check.py); the
+    # tuner's decoding settings (decoding.json, eval/tuner.py) set vLLM's K and the cards' serving snippets
     meta = {
         **read_meta(drafter_dir),
         "card": {"license": license, "serve_check": find_serve_check(drafter_dir)},
+        "decoding": read_decoding(drafter_dir),
     }
     method = registry.get(meta["method"])
     layouts = list(layouts or method.layouts)

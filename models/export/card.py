@@ -104,6 +104,31 @@ def eval_results(report: dict | None, serve_check: dict | None, served: str) -> 
     return out
 
 
+def tuned(meta: dict) -> dict | None:
+    """The checkpoint's decoding.json (the tuner's choice, eval/tuner.py) as `export` put it in meta, or None."""
+    return meta.get("decoding")
+
+
+def tuned_k(meta: dict, default: int) -> int:
+    """vLLM's num_speculative_tokens: the tuner's chain length when the checkpoint has one, else `default`."""
+    return int((tuned(meta) or {}).get("vllm", {}).get("num_speculative_tokens") or default)
+
+
+def tuned_lines(meta: dict) -> list[str]:
+    """What a card says about where its decoding settings come from."""
+    rec = tuned(meta)
+    if not rec:
+        return []
+    c, v = rec.get("conditions", {}), rec["vllm"]
+    return [
+        "",
+        f"`num_speculative_tokens` = {v['num_speculative_tokens']} was chosen by headstart's tuner from costs "
+        f"measured on {c.get('device_name') or c.get('device')} ({c.get('dtype')}, {c.get('threads')} threads) "
+        f"and the drafter's acceptance by position (predicted tau {v['tokens_per_step']:.2f}, speedup "
+        f"{v['speedup']:.2f}x there); on other hardware re-run `./launch.sh tune` or pick your own.",
+    ]
+
+
 def vllm_snippet(base: str, spec: str) -> list[str]:
     """The card's "how to serve" lines for a vLLM layout; `spec` is the speculative_config as JSON."""
     return [

@@ -84,8 +84,11 @@ def _llama_config(d: EagleDrafter) -> dict:
     }
 
 
-def to_layout(d: EagleDrafter, layout: str, base_model: str, verifier_arch: list[str]) -> tuple[dict, dict]:
-    """-> (config.json dict, tensors) for `layout`."""
+def to_layout(
+    d: EagleDrafter, layout: str, base_model: str, verifier_arch: list[str], k: int = 0
+) -> tuple[dict, dict]:
+    """-> (config.json dict, tensors) for `layout`. `k`: the speculators layout's `speculative_tokens`, which
+    vLLM reads as num_speculative_tokens (0: the training-time-test depth)."""
     if layout not in (V3_LAYOUTS if d.v3 else V1_LAYOUTS):
         raise ValueError(f"a {'EAGLE-3' if d.v3 else 'EAGLE-1'} drafter cannot be written as {layout!r}")
     tensors = {}
@@ -120,15 +123,17 @@ def to_layout(d: EagleDrafter, layout: str, base_model: str, verifier_arch: list
         "eagle_aux_hidden_state_layer_ids": aux,
         "speculators_config": {
             "algorithm": "eagle3",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": d.cfg.ttt_steps}],
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": k or d.cfg.ttt_steps}],
             "default_proposal_method": "greedy",
             "verifier": {"name_or_path": base_model, "architectures": verifier_arch},
         },
     }, tensors
 
 
-def write_layout(d: EagleDrafter, layout: str, out: Path, base_model: str, verifier_arch: list[str]) -> Path:
-    config, tensors = to_layout(d, layout, base_model, verifier_arch)
+def write_layout(
+    d: EagleDrafter, layout: str, out: Path, base_model: str, verifier_arch: list[str], k: int = 0
+) -> Path:
+    config, tensors = to_layout(d, layout, base_model, verifier_arch, k)
     out.mkdir(parents=True, exist_ok=True)
     save_file(
         {k: v.contiguous().cpu() for k, v in tensors.items()}, out / "model.safetensors", {"format": "pt"}
@@ -173,9 +178,21 @@ def read_layout(folder: Path, backbone) -> EagleDrafter:
 
 def eagle_card(meta: dict, layout: str, report: dict | None):
     """The layout's model card: what the drafter is, and how SGLang (EAGLE repo layouts) or vLLM serves it."""
-    from headstart.models.export.card import THIS_REPO, base_model_id, model_card, vllm_snippet
+    from headstart.models.export.card import (
+        THIS_REPO,
+        base_model_id,
+        model_card,
+        tuned,
+        tuned_k,
+        tuned_lines,
+        vllm_snippet,
+    )
 
     base, kind = base_model_id(meta["backbone"]), meta["method"].upper()
+    # SGLang's tree: the tuner's (depth, top-k, nodes + the root) when the checkpoint has one
+    tree = (tuned(meta) or {}).get("decoder_summary", {})
+    steps, topk = tree.get("num_draft_tokens", 3), tree.get("topk", 4)
+    draft_tokens = tree["tree_nodes"] + 1 if "tree_nodes" in tree else 8
     about = [
         f"An {kind} draft layer for speculative decoding of `{base}`, trained with headstart on the frozen "
         f"model's features and exported in the **{layout}** layout."
@@ -186,12 +203,13 @@ def eagle_card(meta: dict, layout: str, report: dict | None):
         library, serve = "sglang", [
             "With SGLang:", "", "```bash",
             f"python -m sglang.launch_server --model-path {base} --speculative-algorithm {kind} \\",
-            f"  --speculative-draft-model-path {THIS_REPO} --speculative-num-steps 3 \\",
-            "  --speculative-eagle-topk 4 --speculative-num-draft-tokens 8", "```",
+            f"  --speculative-draft-model-path {THIS_REPO} --speculative-num-steps {steps} \\",
+            f"  --speculative-eagle-topk {topk} --speculative-num-draft-tokens {draft_tokens}", "```",
         ]  # fmt: skip
     else:  # vLLM's layouts (speculators for EAGLE-3)
-        spec = f'{{"model": "{THIS_REPO}", "method": "{meta["method"]}", "num_speculative_tokens": 3}}'
-        library, serve = "vllm", vllm_snippet(base, spec)
+        k = tuned_k(meta, 3)
+        spec = f'{{"model": "{THIS_REPO}", "method": "{meta["method"]}", "num_speculative_tokens": {k}}}'
+        library, serve = "vllm", vllm_snippet(base, spec) + tuned_lines(meta)
     return model_card(meta, layout=layout, title=f"{kind} drafter for {base}", about=about, serve=serve,
                       library=library, report=report, tags=("eagle",))  # fmt: skip
 
@@ -199,14 +217,15 @@ def eagle_card(meta: dict, layout: str, report: dict | None):
 def export(drafter_dir: Path, meta: dict, out: Path, layouts: list[str], report: dict | None) -> list[Path]:
     """A headstart eagle/eagle3 checkpoint -> OUT/<layout> for each layout, with a model card."""
     from headstart.models.checkpoint import load_for_export
-    from headstart.models.export.card import base_model_id, save_card
+    from headstart.models.export.card import base_model_id, save_card, tuned_k
 
     drafter, backbone = load_for_export(drafter_dir, meta)
     base = base_model_id(meta["backbone"])
+    k = tuned_k(meta, 0)  # the tuner's chain length for vLLM (speculators' speculative_tokens), 0: none
     arch = list(getattr(backbone.config, "architectures", None) or [type(backbone.model).__name__])
     written = []
     for layout in layouts:
-        folder = write_layout(drafter, layout, out / layout, base, arch)
+        folder = write_layout(drafter, layout, out / layout, base, arch, k)
         save_card(eagle_card(meta, layout, report), folder)
         written.append(folder)
     return written

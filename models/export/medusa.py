@@ -5,7 +5,9 @@
   then the vocabulary Linear: `{h}.{i}.linear.weight`, `{h}.{i}.linear.bias`, `{h}.{L}.weight`.
 - `vllm`: vLLM's `Medusa` model (`model_type: medusa`): `blocks.{h}.layers.{i}.weight/bias` (with
   `medusa_fc_bias: true`), `lm_heads.{h}.weight`; with a shared lm_head, `original_lm_head: true` and one
-  `lm_heads.0.weight`.
+  `lm_heads.0.weight`. vLLM's MedusaProposer drafts one token per head it loads, so `num_speculative_tokens`
+  must equal the heads served: when the tuner chose a chain of K < num_heads (decoding.json), the folder ships
+  only the first K heads (head k drafts position k+1 either way).
 """
 
 from __future__ import annotations
@@ -48,22 +50,24 @@ def to_medusa_repo(heads: MedusaHeads, base_model: str) -> tuple[dict, dict[str,
     return config, tensors
 
 
-def to_vllm(heads: MedusaHeads, base_model: str) -> tuple[dict, dict[str, torch.Tensor]]:
+def to_vllm(heads: MedusaHeads, base_model: str, num_heads: int = 0) -> tuple[dict, dict[str, torch.Tensor]]:
+    """`num_heads`: the first heads to ship (0: all)."""
     cfg = heads.cfg
+    k = min(num_heads or cfg.num_heads, cfg.num_heads)
     tensors = {}
-    for h, block in enumerate(heads.blocks):
+    for h, block in enumerate(heads.blocks[:k]):
         for i, res in enumerate(block):
             tensors[f"blocks.{h}.layers.{i}.weight"] = res.linear.weight.detach()
             tensors[f"blocks.{h}.layers.{i}.bias"] = res.linear.bias.detach()
     shared = heads.lm_heads is None
-    for h in range(1 if shared else cfg.num_heads):
+    for h in range(1 if shared else k):
         tensors[f"lm_heads.{h}.weight"] = _lm_weight(heads, h)
     config = {
         "architectures": ["MedusaModel"],
         "model_type": "medusa",
         "hidden_size": heads.hidden_size,
         "vocab_size": heads.vocab_size,
-        "num_heads": cfg.num_heads,
+        "num_heads": k,
         "num_hidden_layers": cfg.num_layers,
         "medusa_fc_bias": True,
         "original_lm_head": shared,
@@ -75,10 +79,14 @@ def to_vllm(heads: MedusaHeads, base_model: str) -> tuple[dict, dict[str, torch.
     return config, tensors
 
 
-def write_layout(heads: MedusaHeads, layout: str, out: Path, base_model: str) -> Path:
+def write_layout(heads: MedusaHeads, layout: str, out: Path, base_model: str, num_heads: int = 0) -> Path:
+    """`num_heads` (vllm layout): the first heads to ship (0: all)."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown export layout {layout!r}: expected one of {list(LAYOUTS)}")
-    config, tensors = (to_medusa_repo if layout == "medusa" else to_vllm)(heads, base_model)
+    if layout == "medusa":
+        config, tensors = to_medusa_repo(heads, base_model)
+    else:
+        config, tensors = to_vllm(heads, base_model, num_heads)
     weights = "medusa_lm_head.safetensors" if layout == "medusa" else "model.safetensors"
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.contiguous().cpu() for k, v in tensors.items()}
@@ -117,10 +125,18 @@ def read_layout(folder: Path) -> MedusaHeads:
 
 def medusa_card(meta: dict, layout: str, report: dict | None):
     """The layout's model card: what the heads are, and how FasterDecoding/Medusa or vLLM serves them."""
-    from headstart.models.export.card import THIS_REPO, base_model_id, model_card, vllm_snippet
+    from headstart.models.export.card import (
+        THIS_REPO,
+        base_model_id,
+        model_card,
+        tuned_k,
+        tuned_lines,
+        vllm_snippet,
+    )
 
     m, base = meta["method_config"], base_model_id(meta["backbone"])
     k = m["num_heads"]
+    served = min(tuned_k(meta, k), k) if layout == "vllm" else k
     about = [
         f"{k} Medusa-1 heads ({m['num_layers']} residual block(s) each) for speculative decoding of `{base}`, "
         f"trained with headstart on the frozen model and exported in the **{layout}** layout."
@@ -134,8 +150,11 @@ def medusa_card(meta: dict, layout: str, report: dict | None):
             f'model = MedusaModel.from_pretrained("{THIS_REPO}")', "```",
         ]  # fmt: skip
     else:
-        spec = f'{{"model": "{THIS_REPO}", "method": "medusa", "num_speculative_tokens": {k}}}'
-        library, serve = "vllm", vllm_snippet(base, spec)
+        spec = f'{{"model": "{THIS_REPO}", "method": "medusa", "num_speculative_tokens": {served}}}'
+        library, serve = "vllm", vllm_snippet(base, spec) + tuned_lines(meta)
+        if served < k:
+            serve += ["", f"This folder ships the first {served} of the {k} trained heads (vLLM drafts one token "
+                      "per head it loads); the `medusa` layout has all of them."]  # fmt: skip
     return model_card(meta, layout=layout, title=f"Medusa heads for {base}", about=about, serve=serve,
                       library=library, report=report, tags=("medusa",))  # fmt: skip
 
@@ -143,14 +162,15 @@ def medusa_card(meta: dict, layout: str, report: dict | None):
 def export(drafter_dir: Path, meta: dict, out: Path, layouts: list[str], report: dict | None) -> list[Path]:
     """Medusa heads -> OUT/<layout> for each layout (OUT itself for one), each with a model card."""
     from headstart.models.checkpoint import load_for_export
-    from headstart.models.export.card import base_model_id, save_card
+    from headstart.models.export.card import base_model_id, save_card, tuned_k
 
     heads, _ = load_for_export(drafter_dir, meta)
     base_model = base_model_id(meta["backbone"])
+    k = tuned_k(meta, heads.cfg.num_heads)  # the tuner's chain length for vLLM (all heads without one)
     written = []
     for layout in layouts:
         folder = out / layout if len(layouts) > 1 else out
-        write_layout(heads, layout, folder, base_model)
+        write_layout(heads, layout, folder, base_model, k)
         save_card(medusa_card(meta, layout, report), folder)
         written.append(folder)
     return written

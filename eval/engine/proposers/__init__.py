@@ -24,3 +24,13 @@ def chain_options(method: str, k: int, drafter) -> tuple[dict, int]:
     from headstart.models.registry import resolve
 
     return resolve(PROPOSERS[method].partition(":")[0] + ":chain_options")(k, drafter)
+
+
+def tuning(method: str, backbone, **served):
+    """The proposer's hooks for the decoding tuner (eval/tuner.py: `table`, `probe`, `settings`, `chain`,
+    `draft_steps`, `max_chain`) over the drafter's serving options, or None when the tuner has no model of it
+    (draft models, prompt lookup: their hand-set defaults stay)."""
+    import importlib
+
+    make = getattr(importlib.import_module(PROPOSERS[method].partition(":")[0]), "tuning", None)
+    return None if make is None else make(backbone, **served)

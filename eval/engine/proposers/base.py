@@ -37,6 +37,17 @@ class Draft:
     probs: torch.Tensor | None = None
 
 
+@dataclass(frozen=True)
+class Setting:
+    """One decoding setting the tuner (eval/tuner.py) can pick for a proposer: the decoder options that select
+    it, the static tree whose expected accepted length models it (the verify width is `tree.size`), and the
+    name of what the drafter's cost per step depends on (e.g. "depth3": Medusa heads evaluated)."""
+
+    options: dict
+    tree: Tree
+    draft_key: str
+
+
 class Proposer(Protocol):
     width: (
         int  # most nodes (root included) it ever proposes: the verify width, for cache room and CUDA graphs

@@ -26,8 +26,8 @@ import weakref
 
 import torch
 
-from headstart.eval.engine.proposers.base import Draft, Sampling
-from headstart.eval.engine.tree import Tree
+from headstart.eval.engine.proposers.base import Draft, Sampling, Setting
+from headstart.eval.engine.tree import Tree, chain_tree, tree_from_accuracy
 from headstart.models.eagle import EagleDrafter
 
 
@@ -52,7 +52,11 @@ def _install_hooks(backbone, drafter: EagleDrafter, store: dict) -> list:
 # EAGLE-2's dynamic tree as (depth, nodes, top-k): EAGLE-2's own defaults on GPUs. On a CPU each drafter level
 # costs ~1/6 of a SmolLM2-135M forward, so deep trees lose: measured on the dev prompts (1 thread, bf16), the
 # EAGLE-3 drafter went from 1.02x at (4, 8, 8) to 1.18x at (2, 6, 4), EAGLE-1 from 0.82x to 1.01x.
+# The eval stage replaces both by the tuner's measured choice (eval/tuner.py) unless tuner.mode=off.
 EAGLE_TREE, CPU_EAGLE_TREE = (5, 60, 10), (2, 6, 4)
+# The tuner's probe (every candidate of depth x top-k kept, to measure acceptance by depth and rank) and the
+# longest chain it considers for vLLM
+PROBE, CPU_PROBE, MAX_CHAIN = (6, 8), (5, 4), 8
 
 
 class EagleProposer:
@@ -184,3 +188,71 @@ def make(decoder, drafter=None, num_draft_tokens=None, tree_nodes=None, topk=Non
 def chain_options(k: int, drafter) -> tuple[dict, int]:
     """Decoder options for a chain of k drafts (one node per level) -> (options, chain length)."""
     return {"num_draft_tokens": k, "tree_nodes": k, "topk": 1}, k
+
+
+def _all_candidates(depth: int, topk: int) -> int:
+    return topk + (depth - 1) * topk * topk
+
+
+class EagleTuning:
+    """What the tuner (eval/tuner.py) needs to choose (depth, nodes, top-k) and vLLM's K for this drafter. The
+    dynamic tree is modelled by the static tree `tree_from_accuracy` builds from the measured acceptance by
+    depth and rank cut to `depth` levels and `topk` ranks (EAGLE-2's premise: the drafter's confidence ranks
+    candidates as acceptance does); its cost is `depth` drafter levels at `topk` rows."""
+
+    max_chain = MAX_CHAIN
+
+    def __init__(self, drafter: EagleDrafter, backbone) -> None:
+        self.drafter, self.backbone = drafter, backbone
+
+    def table(self) -> None:
+        return None  # measured by decoding with the probe tree
+
+    def probe(self, cuda: bool) -> dict:
+        depth, topk = PROBE if cuda else CPU_PROBE
+        return {"num_draft_tokens": depth, "topk": topk, "tree_nodes": _all_candidates(depth, topk)}
+
+    def settings(self, acc: list[list[float]], max_width: int) -> list[Setting]:
+        out = []
+        for depth in range(1, len(acc) + 1):
+            for topk in range(1, len(acc[0]) + 1):
+                rows = [row[:topk] for row in acc[:depth]]
+                for nodes in range(depth, min(max_width - 1, _all_candidates(depth, topk)) + 1):
+                    opts = {"num_draft_tokens": depth, "tree_nodes": nodes, "topk": topk}
+                    out.append(Setting(opts, tree_from_accuracy(rows, nodes), f"depth{depth}_topk{topk}"))
+        return out
+
+    def chain(self, k: int) -> Setting:
+        return Setting(chain_options(k, self.drafter)[0], chain_tree(k), f"depth{k}_topk1")
+
+    def draft_steps(self, backbone, keys: set[str], context: list[int]) -> dict:
+        """{key: a callable running one draft step of that key}: a proposer per key, started on one prefill of
+        `context`, then proposing (one new row each time, as after a step that accepted nothing)."""
+        from headstart.eval.engine.runner import ModelRunner
+
+        device, greedy = backbone.device, Sampling()
+        proposers = {}
+        for key in keys:
+            depth, topk = (int(x) for x in key.removeprefix("depth").split("_topk"))
+            proposers[key] = EagleProposer(
+                self.drafter, backbone, device, depth, _all_candidates(depth, topk), topk
+            )
+        runner = ModelRunner(backbone, len(context) + 1)
+        hidden, _ = runner.prefill(context)  # every proposer's hooks capture the prompt's features
+        longer = context * 2  # room for the tokens each propose reads after the prompt
+
+        def step(p: EagleProposer):
+            def run():
+                p.propose(longer, greedy)
+                p.accepted([0], hidden[None])
+
+            return run
+
+        for p in proposers.values():
+            p.start(context, hidden)
+            step(p)()  # the first proposal feeds the whole prompt: untimed
+        return {key: step(p) for key, p in proposers.items()}
+
+
+def tuning(backbone, drafter=None) -> EagleTuning:
+    return EagleTuning(drafter, backbone)

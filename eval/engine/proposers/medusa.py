@@ -6,20 +6,24 @@ from __future__ import annotations
 
 import torch
 
-from headstart.eval.engine.proposers.base import Draft, Sampling
+from headstart.eval.engine.proposers.base import Draft, Sampling, Setting
 from headstart.eval.engine.tree import (
     Tree,
+    chain_tree,
     check_fits_heads,
     default_tree,
     tree_from_accuracy,
     tree_from_paths,
+    tree_paths,
 )
 from headstart.models.medusa import MedusaHeads
 
 DEFAULT_TREE_NODES = 63  # Medusa's default budget (mc_sim_7b_63), for GPUs
 # On a CPU a verify forward of 4-8 tokens costs about one step, 16 already ~1.5 steps (SmolLM2-135M, bf16):
-# measured speedup peaked at 3-6 nodes for the CPU-trained heads (tau ~1.4), so CPU runs default to 4.
+# measured speedup peaked at 3-6 nodes for the CPU-trained heads (tau ~1.4), so CPU runs default to 4. The
+# eval stage replaces both by the tuner's measured choice (eval/tuner.py) unless tuner.mode=off.
 CPU_TREE_NODES = 4
+PROBE_RANKS = 4  # the tuner's probe tree: the top-1 chain plus the top-4 candidates below each of its nodes
 
 
 class MedusaProposer:
@@ -74,3 +78,48 @@ def chain_options(k: int, drafter) -> tuple[dict, int]:
     """Decoder options for a chain of up to k drafts (the top-1 of the first k heads) -> (options, chain length)."""
     k = min(k, len(drafter.blocks))
     return {"tree": [[0] * d for d in range(1, k + 1)]}, k
+
+
+class MedusaTuning:
+    """What the tuner (eval/tuner.py) needs to choose a tree and vLLM's K for these heads. A setting is a tree
+    built greedily from an acceptance table (`tree_from_accuracy`), passed to the decoder as its paths; its
+    drafter cost is the heads' forward to the tree's depth."""
+
+    def __init__(self, heads: MedusaHeads, head_accuracy=None) -> None:
+        self.heads, self.head_accuracy = heads, head_accuracy
+        self.max_chain = len(heads.blocks)  # vLLM's Medusa drafts one token per served head
+
+    def table(self) -> list[list[float]] | None:
+        """The checkpoint's per-head P(rank r) on held-out data (train/loop.py), if it has one."""
+        return [list(a) for a in self.head_accuracy[: self.max_chain]] if self.head_accuracy else None
+
+    def probe(self, cuda: bool) -> dict:
+        comb = [[0] * d + [r] for d in range(self.max_chain) for r in range(PROBE_RANKS)]
+        return {"tree": comb}
+
+    def settings(self, acc: list[list[float]], max_width: int) -> list[Setting]:
+        out, sizes = [], set()
+        for n in range(1, max_width):
+            tree = tree_from_accuracy(acc[: self.max_chain], n)
+            if tree.size in sizes:  # the table has fewer candidates than n
+                break
+            sizes.add(tree.size)
+            out.append(Setting({"tree": tree_paths(tree)}, tree, f"depth{tree.max_depth}"))
+        return out
+
+    def chain(self, k: int) -> Setting:
+        return Setting(chain_options(k, self.heads)[0], chain_tree(k), f"depth{k}")
+
+    def draft_steps(self, backbone, keys: set[str], context: list[int]) -> dict:
+        """{key: a callable running one draft step of that key} (the heads' forward and top-k)."""
+        heads = self.heads.to(backbone.device)
+        hidden = torch.randn(heads.hidden_size, device=backbone.device, dtype=backbone.dtype)  # (H,)
+
+        def step(depth: int):
+            return lambda: heads(hidden, depth=depth).topk(10, dim=-1)
+
+        return {key: step(int(key.removeprefix("depth"))) for key in keys}
+
+
+def tuning(backbone, drafter=None, head_accuracy=None) -> MedusaTuning:
+    return MedusaTuning(drafter, head_accuracy)

@@ -1,0 +1,123 @@
+"""Predicted speed of a speculative decoding setting from measured costs and acceptance (issue #13, lever 3).
+
+Expected tokens per step (Medusa, Cai et al. 2024, Sec. 2.1.2, the estimate behind its "optimized tree"): with
+acc[d][r] the probability that the rank-r candidate at depth d+1 is accepted given that its parent was, a node
+is accepted with the product of acc along its root-to-node path, and every step emits the accepted path plus
+one bonus token from the target:
+
+    E[tokens / step] = 1 + sum over non-root nodes v of  prod_{u on root -> v} acc[depth(u) - 1][rank(u)]
+
+so a chain of top-1 drafts with per-position acceptance a1, a2 gives 1 + a1 + a1 a2, and adding the rank-1
+sibling of the first draft adds acc[0][1]. A step costs one verify forward of the tree's width W (root
+included), the drafter, and the decoder's bookkeeping (acceptance, cache compaction), all measured on the
+device; vanilla decoding is the same loop at width 1 without a drafter:
+
+    tokens/s = E / (c(W) + d(setting) + b(W))            speedup = tokens/s * (c(1) + b(1))
+
+(Leviathan et al. 2023, Sec. 3.4, with the drafter's cost kept). Costs between measured widths are linear
+interpolations. Pure functions: no timing happens here (eval/tuner.py measures).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from headstart.eval.engine.proposers.base import Setting
+from headstart.eval.engine.tree import Tree
+
+
+@dataclass
+class Costs:
+    """Seconds per step on one device: verify forward by width, drafter by key, bookkeeping by width, and one
+    prefill of a typical prompt (for the speedup at a given answer length)."""
+
+    verify: dict[int, float]  # width (root included) -> seconds of one target forward
+    draft: dict[str, float]  # Setting.draft_key -> seconds of the drafter per step
+    bookkeeping: dict[int, float]  # width -> seconds per step outside the forwards (interpolated)
+    prefill: float = 0.0
+
+    @staticmethod
+    def _at(table: dict[int, float], width: int) -> float:
+        xs = sorted(table)
+        return float(np.interp(width, xs, [table[x] for x in xs]))
+
+    def step(self, setting: Setting) -> float:
+        w = setting.tree.size
+        return self._at(self.verify, w) + self.draft[setting.draft_key] + self._at(self.bookkeeping, w)
+
+    def vanilla_step(self) -> float:
+        return self._at(self.verify, 1) + self._at(self.bookkeeping, 1)
+
+    def to_json(self) -> dict:
+        return {
+            k: {str(w): v for w, v in t.items()} if isinstance(t, dict) else t
+            for k, t in asdict(self).items()
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> Costs:
+        return cls(
+            verify={int(w): v for w, v in d["verify"].items()},
+            draft=dict(d["draft"]),
+            bookkeeping={int(w): v for w, v in d["bookkeeping"].items()},
+            prefill=d.get("prefill", 0.0),
+        )
+
+
+def non_decreasing(table: dict[int, float]) -> dict[int, float]:
+    """The least-squares non-decreasing fit of costs by width (pool adjacent violators): a forward of more
+    tokens never costs less, so a narrower width timed slower than a wider one is noise, averaged out (a
+    loaded CPU timed width 3 5% below width 1, which made the tuner 9% optimistic)."""
+    blocks: list[list[float]] = []  # [mean, count] of pooled adjacent widths
+    for w in sorted(table):
+        blocks.append([table[w], 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    fitted = [m for m, n in blocks for _ in range(int(n))]
+    return dict(zip(sorted(table), fitted))
+
+
+def expected_tokens(tree: Tree, acc: list[list[float]]) -> float:
+    """E[tokens emitted per step] for `tree` (with top-k ranks) under acceptance table acc[depth-1][rank]
+    (0 beyond the table): 1 (the bonus token) + the sum of the path products."""
+    if len(tree.ranks) != tree.size:
+        raise ValueError(
+            "expected_tokens needs a tree with top-k ranks (tree_from_paths / tree_from_accuracy)"
+        )
+    reach = [1.0] * tree.size  # P(node accepted); the root always is
+    for i in range(1, tree.size):
+        d, r = tree.depth[i] - 1, tree.ranks[i]
+        a = acc[d][r] if d < len(acc) and r < len(acc[d]) else 0.0
+        reach[i] = reach[tree.parents[i]] * a
+    return 1.0 + sum(reach[1:])
+
+
+def predict(setting: Setting, acc: list[list[float]], costs: Costs) -> dict:
+    """The setting's expected tokens per step, seconds per step, tokens/s and speedup over vanilla."""
+    e, step = expected_tokens(setting.tree, acc), costs.step(setting)
+    return {
+        "tokens_per_step": e,
+        "step_ms": 1000 * step,
+        "tokens_per_s": e / step,
+        "speedup": e / step * costs.vanilla_step(),
+    }
+
+
+def rank(settings: list[Setting], acc: list[list[float]], costs: Costs) -> list[tuple[Setting, dict]]:
+    """(setting, prediction) pairs, fastest first (ties: the smaller verify width, then the listed order)."""
+    scored = [(s, predict(s, acc, costs)) for s in settings]
+    order = sorted(
+        range(len(scored)), key=lambda i: (-scored[i][1]["tokens_per_s"], scored[i][0].tree.size, i)
+    )
+    return [scored[i] for i in order]
+
+
+def speedup_at(steady: float, prefill_steps: float, new_tokens: float) -> float:
+    """The end-to-end speedup of a turn of `new_tokens` tokens whose prefill costs `prefill_steps` vanilla
+    steps (the same on both sides), given the steady-state speedup: (p + n) / (p + n / steady)."""
+    if steady <= 0 or new_tokens <= 0:
+        return steady
+    return (prefill_steps + new_tokens) / (prefill_steps + new_tokens / steady)

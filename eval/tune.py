@@ -1,0 +1,91 @@
+"""Choose a checkpoint's decoding settings from measured cost, alone (the eval stage does it on first use):
+
+    python eval/tune.py --checkpoint runs/<run>/drafter [--device cpu] [--dtype bfloat16] [--force]
+    ./launch.sh tune --checkpoint runs/<run>          # a run folder: its drafter/
+
+Prints the measured costs, the chosen tree and vLLM's K with their predicted speedups, and writes
+<checkpoint>/decoding.json (eval/tuner.py), which later evals and exports reuse. `--out DIR` writes it there
+instead (a read-only checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+from headstart.errors import exit_on_user_error
+from headstart.eval.config import DEFAULT_PROMPTS
+from headstart.eval.prompts import load_prompts
+from headstart.eval.stage import resolve_device
+from headstart.eval.tuner import TunerConfig, load_or_tune, probe_ids
+from headstart.models import registry
+from headstart.models.backbone import BackboneConfig, load_backbone
+from headstart.models.checkpoint import (
+    LoadedDrafter,
+    load_drafter,
+    read_meta,
+    resolve_checkpoint,
+    write_decoding,
+)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", type=Path, required=True, help="run dir or drafter folder")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="", help="default: the checkpoint's backbone dtype")
+    p.add_argument("--prompts", default=DEFAULT_PROMPTS, help="jsonl whose first prompts the probe decodes")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: the cores free now)")
+    p.add_argument("--force", action="store_true", help="measure again even if decoding.json matches")
+    p.add_argument("--out", type=Path, help="write decoding.json here instead of beside the checkpoint")
+    p.add_argument("--probe-prompts", type=int, default=TunerConfig.probe_prompts)
+    p.add_argument("--reps", type=int, default=TunerConfig.reps)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    with exit_on_user_error():
+        ckpt = resolve_checkpoint(args.checkpoint)
+        meta = read_meta(ckpt)
+        bcfg = BackboneConfig(**meta["backbone"])
+        backbone = load_backbone(replace(bcfg, dtype=args.dtype or bcfg.dtype), resolve_device(args.device))
+        loaded = LoadedDrafter(*load_drafter(ckpt, backbone, meta), None if args.out else ckpt)
+        cfg = TunerConfig(
+            mode="force" if args.force else "auto", probe_prompts=args.probe_prompts, reps=args.reps
+        )
+        ids = probe_ids(load_prompts(args.prompts, 0), backbone, cfg.probe_prompts)
+        method = registry.get(meta["method"]).proposer
+        record = load_or_tune(method, backbone, loaded, ids, cfg, args.threads)
+        if record is None:
+            raise ValueError(
+                f"{ckpt} holds a {meta['method']} drafter, whose decoder ({method}) the tuner has no model of"
+            )
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            print(f"wrote {write_decoding(args.out, {k: v for k, v in record.items() if k != 'reused'})}")
+        print(summary(record))
+
+
+def summary(record: dict) -> str:
+    """The measured costs and the choice, for a terminal."""
+    c = record["costs_s"]
+    ms = lambda t: ", ".join(f"{k}: {1000 * v:.2f}" for k, v in t.items())  # noqa: E731
+    pred, v = record["predicted"], record["vllm"]
+    return "\n".join([
+        f"verify ms by width: {ms(c['verify'])}",
+        f"drafter ms by setting: {ms(c['draft'])}",
+        f"bookkeeping ms by width: {ms(c['bookkeeping'])}; prefill {1000 * c['prefill']:.1f} ms",
+        f"acceptance ({record['acceptance']['source']}): "
+        + json.dumps([[round(a, 3) for a in row[:4]] for row in record["acceptance"]["table"]]),
+        f"decoder: {record['decoder_summary']}: tau {pred['tokens_per_step']:.3f}, {pred['tokens_per_s']:.1f} "
+        f"tokens/s vs vanilla {pred['vanilla_tokens_per_s']:.1f}, predicted speedup {pred['speedup']:.3f}x",
+        f"vLLM: num_speculative_tokens {v['num_speculative_tokens']} (tau {v['tokens_per_step']:.3f}, "
+        f"predicted speedup {v['speedup']:.3f}x with this device's costs)",
+        f"({record['conditions']['device']}, {record['conditions']['dtype']}, "
+        f"{record['conditions']['threads']} threads; {record['seconds']:.1f} s{', reused' if record.get('reused') else ''})",
+    ])  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

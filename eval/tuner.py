@@ -1,0 +1,350 @@
+"""Decoding settings chosen from measured cost (issue #13, lever 3): for a drafter checkpoint on the eval
+device, measure the verify forward's cost by width, the drafter's cost per setting and the decoder's
+bookkeeping; take acceptance by depth and rank (the checkpoint's held-out Medusa head accuracies, or measured by
+decoding a few dev prompts with a wide probe tree); then pick, maximizing the predicted tokens/s
+(eval/speed_model.py), the tree for headstart's decoder and the chain length K for vLLM's
+`num_speculative_tokens`. The choice is written beside the checkpoint (`decoding.json`, models/checkpoint.py),
+where the eval stage and the exports find it.
+
+What a proposer offers the tuner (its settings, its probe tree, its drafter steps) lives in its own module
+(`tuning()` in eval/engine/proposers/); proposers without one keep their hand-set defaults.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from headstart.eval.bounds import step_costs
+from headstart.eval.engine.decoder import Decoder, build_decoder
+from headstart.eval.engine.proposers import VANILLA, tuning
+from headstart.eval.engine.tree import Tree, chain_tree
+from headstart.eval.speed_model import Costs, non_decreasing, rank, speedup_at
+from headstart.eval.timing import choose_threads
+from headstart.models.checkpoint import LoadedDrafter, read_decoding, weights_signature, write_decoding
+
+log = logging.getLogger("headstart.eval")
+VERSION = 1
+WIDTHS = (
+    1,
+    2,
+    3,
+    4,
+    5,
+    6,
+    8,
+    10,
+    12,
+    16,
+    20,
+    24,
+    32,
+    48,
+    64,
+    96,
+    128,
+)  # verify widths timed (up to max_width)
+MODES = ("auto", "force", "off")
+
+
+@dataclass
+class TunerConfig:
+    # auto: reuse <checkpoint>/decoding.json when it was measured on this device, dtype, thread count and
+    # weights, else measure and save it; force: measure again; off: the proposers' hand-set defaults
+    mode: str = "auto"
+    reps: int = 7  # timed runs per verify width and per drafter setting (medians, order alternating)
+    max_width: int = 0  # widest verify forward considered (root included); 0: 32 on CPU, 96 on CUDA
+    probe_prompts: int = (
+        2  # dev prompts decoded with the probe tree (acceptance by depth and rank, bookkeeping)
+    )
+    probe_tokens: int = 48  # new tokens per probe prompt
+    # auto: the checkpoint's own table when it has one (Medusa's held-out head accuracies), else measured by
+    # the probe; measured: always the probe's
+    acceptance: str = "auto"
+    min_trials: int = 8  # a depth whose parent was accepted fewer times in the probe is not modelled
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES or self.acceptance not in ("auto", "measured"):
+            raise ValueError(
+                f"tuner.mode={self.mode!r} / tuner.acceptance={self.acceptance!r}: expected mode in {MODES} "
+                "and acceptance in (auto, measured)"
+            )
+        if self.reps < 3 or self.max_width < 0 or self.probe_prompts < 1 or self.probe_tokens < 4:
+            raise ValueError(
+                "tuner: reps >= 3, max_width >= 0, probe_prompts >= 1 and probe_tokens >= 4 expected"
+            )
+
+
+# ---------------------------------------------------------------- acceptance by depth and rank
+
+
+def count_path(tree: Tree, path: list[int], hits: list[list[int]], trials: list[int]) -> None:
+    """Add one verified step to the counts: at depth d (1-based) the step is a trial when the accepted node at
+    depth d-1 has children in the tree, and a hit at rank r when its rank-r child was accepted. A node's rank is
+    its top-k rank when the tree has them (Medusa), else its order among its siblings (EAGLE's candidates are
+    listed best first under each parent)."""
+    children: dict[int, list[int]] = {}
+    for i in range(1, tree.size):
+        children.setdefault(tree.parents[i], []).append(i)
+    for d in range(1, tree.max_depth + 1):
+        kids = children.get(path[d - 1]) if d - 1 < len(path) else None
+        if not kids:
+            return
+        while len(trials) < d:
+            trials.append(0)
+            hits.append([])
+        trials[d - 1] += 1
+        ranks = [tree.ranks[k] for k in kids] if len(tree.ranks) == tree.size else list(range(len(kids)))
+        hits[d - 1].extend([0] * (max(ranks) + 1 - len(hits[d - 1])))  # every rank offered is a column
+        if d >= len(path):
+            return
+        hits[d - 1][ranks[kids.index(path[d])]] += 1
+
+
+def acceptance_table(
+    hits: list[list[int]], trials: list[int], min_trials: int, ranks: int
+) -> list[list[float]]:
+    """acc[d][r] = P(rank-r child accepted | parent accepted), for the depths with at least `min_trials`
+    trials (stopping at the first that has fewer), `ranks` ranks each."""
+    table = []
+    for h, n in zip(hits, trials):
+        if n < min_trials:
+            break
+        table.append([(h[r] if r < len(h) else 0) / n for r in range(ranks)])
+    return table
+
+
+class _Recorder:
+    """A proposer wrapper that keeps every (tree, accepted path) of a decode."""
+
+    def __init__(self, proposer) -> None:
+        self.inner, self.width, self.steps, self._tree = proposer, proposer.width, [], None
+
+    def start(self, prompt, hidden) -> None:
+        self.inner.start(prompt, hidden)
+
+    def propose(self, context, sampling):
+        draft = self.inner.propose(context, sampling)
+        self._tree = None if draft is None else draft.tree
+        return draft
+
+    def accepted(self, path, hidden) -> None:
+        if self._tree is not None:
+            self.steps.append((self._tree, list(path)))
+        self.inner.accepted(path, hidden)
+
+
+# ---------------------------------------------------------------- measuring
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+@torch.no_grad()
+def time_calls(calls: dict, reps: int, device: torch.device) -> dict[str, float]:
+    """Median seconds of each callable, run `reps` times in a rotating order after one untimed round."""
+    names, times = list(calls), {n: [] for n in calls}
+    for rep in range(reps + 1):
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
+            _sync(device)
+            t0 = time.perf_counter()
+            calls[name]()
+            _sync(device)
+            if rep:
+                times[name].append(time.perf_counter() - t0)
+    return {n: float(np.median(t)) for n, t in times.items()}
+
+
+def _decode(decoder: Decoder, prompts: list[list[int]], new_tokens: int) -> tuple[float, float, list[int]]:
+    """Greedy decodes without EOS stops -> (bookkeeping s per step, prefill s of the first, its prompt + answer)."""
+    book, steps, prefill, context = 0.0, 0, 0.0, []
+    decoder.generate(prompts[0], 8, eos_token_ids=[])  # warm-up
+    for i, ids in enumerate(prompts):
+        out = decoder.generate(ids, new_tokens, eos_token_ids=[])
+        book, steps = book + out.stats.time_s["bookkeeping"], steps + out.stats.target_forwards
+        if i == 0:
+            prefill, context = out.stats.time_s["prefill"], ids + out.tokens
+    return book / max(steps, 1), prefill, context
+
+
+def measure(method: str, backbone, loaded: LoadedDrafter, prompts: list[list[int]], cfg: TunerConfig, hooks):
+    """-> (costs without the drafter's, measured acceptance table, the probe's description, a prompt + answer
+    to time steps after, the widest verify forward considered)."""
+    cache = max(len(p) for p in prompts) + cfg.probe_tokens + 512
+    cuda = backbone.device.type == "cuda"
+    vanilla = Decoder(backbone, VANILLA, max_cache_len=cache)
+    b1, prefill, _ = _decode(vanilla, prompts[:1], cfg.probe_tokens)
+    default = build_decoder(method, backbone, loaded, max_cache_len=cache)
+    b_default, _, _ = _decode(default, prompts[:1], cfg.probe_tokens)
+    probe_opts = hooks.probe(cuda)
+    probe = build_decoder(method, backbone, loaded, max_cache_len=cache, **probe_opts)
+    probe.proposer = recorder = _Recorder(probe.proposer)
+    b_probe, _, context = _decode(probe, prompts, cfg.probe_tokens)
+    hits, trials = [], []
+    for tree, path in recorder.steps:
+        count_path(tree, path, hits, trials)
+    ranks = max((len(h) for h in hits), default=1)
+    measured = acceptance_table(hits, trials, cfg.min_trials, ranks)
+    book = {1: b1, default.proposer.width: b_default, probe.proposer.width: b_probe}
+    probe_info = {"options": probe_opts, "width": probe.proposer.width, "steps": len(recorder.steps),
+                  "trials_by_depth": trials, "prompts": len(prompts), "tokens": cfg.probe_tokens}  # fmt: skip
+    del default, probe, recorder  # EAGLE proposers' feature hooks go with them, before the forwards are timed
+    max_width = cfg.max_width or (96 if cuda else 32)
+    widths = [w for w in WIDTHS if w <= max_width]
+    shapes = {str(w): (w, None if w == 1 else chain_tree(w - 1)) for w in widths}
+    raw = {int(w): s for w, s in step_costs(backbone, shapes, context, cfg.reps).items()}
+    verify = non_decreasing(raw)
+    costs = Costs(verify=verify, draft={}, bookkeeping=book, prefill=prefill)
+    probe_info["verify_s_as_timed"] = {str(w): t for w, t in raw.items()}  # before the non-decreasing fit
+    return costs, measured, probe_info, context, max_width
+
+
+def tune(
+    method: str, backbone, loaded: LoadedDrafter, prompts: list[list[int]], cfg: TunerConfig
+) -> dict | None:
+    """Measure and choose -> the decoding record (what decoding.json holds), None when the proposer has no
+    tuning hooks. Runs under the caller's thread count."""
+    served = {k: v for k, v in loaded.drafter.serving(backbone, loaded.meta).items() if v is not None}
+    hooks = tuning(method, backbone, **served)
+    if hooks is None:
+        return None
+    t0 = time.perf_counter()
+    costs, measured, probe, context, max_width = measure(method, backbone, loaded, prompts, cfg, hooks)
+    table = hooks.table() if cfg.acceptance == "auto" else None
+    acc, source = (table, "checkpoint") if table else (measured, "measured")
+    if not acc:
+        raise ValueError(
+            f"the tuner's probe accepted too few drafts to measure acceptance ({probe['trials_by_depth']} trials "
+            f"by depth, < tuner.min_trials={cfg.min_trials}). Fix: more tuner.probe_prompts / probe_tokens, "
+            "or tuner.mode=off"
+        )
+    settings = hooks.settings(acc, max_width)
+    chains = [hooks.chain(k) for k in range(1, min(hooks.max_chain, len(acc)) + 1)]
+    keys = {s.draft_key for s in settings + chains}
+    costs.draft = time_calls(
+        hooks.draft_steps(backbone, keys, context[: len(prompts[0])]), cfg.reps, backbone.device
+    )
+    ranked, ranked_k = rank(settings, acc, costs), rank(chains, acc, costs)
+    best, pred = ranked[0]
+    chain, chain_pred = ranked_k[0]
+    summary = {"verify_width": best.tree.size, "depth": best.tree.max_depth, "nodes": best.tree.size - 1}
+    return {
+        "version": VERSION,
+        "method": method,
+        "decoder": best.options,
+        "decoder_summary": summary | {k: v for k, v in best.options.items() if k != "tree"},
+        "predicted": {
+            **pred,
+            "vanilla_tokens_per_s": 1 / costs.vanilla_step(),
+            "prefill_vanilla_steps": costs.prefill / costs.vanilla_step(),
+        },  # fmt: skip
+        "vllm": {"num_speculative_tokens": chain.tree.size - 1, **chain_pred},
+        "top": [
+            {"summary": {k: v for k, v in s.options.items() if k != "tree"} | {"width": s.tree.size}, **p}
+            for s, p in ranked[:5]
+        ],  # fmt: skip
+        "acceptance": {"source": source, "table": acc, "measured": measured, "probe": probe},
+        "costs_s": costs.to_json(),
+        "conditions": conditions(backbone, loaded),
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def conditions(backbone, loaded: LoadedDrafter) -> dict:
+    """What a decoding.json is valid for: the device, dtype, CPU threads and the weights it was measured on."""
+    dev = backbone.device
+    return {
+        "device": dev.type,
+        "device_name": torch.cuda.get_device_name(dev)
+        if dev.type == "cuda"
+        else platform.processor() or "cpu",
+        "dtype": str(backbone.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads() if dev.type == "cpu" else None,
+        "torch": torch.__version__,
+        "weights": weights_signature(loaded.path) if loaded.path else None,
+    }
+
+
+def matches(record: dict, backbone, loaded: LoadedDrafter) -> bool:
+    now, then = conditions(backbone, loaded), record.get("conditions", {})
+    keys = ("device", "device_name", "dtype", "threads", "weights")
+    return record.get("version") == VERSION and all(then.get(k) == now[k] for k in keys)
+
+
+def load_or_tune(
+    method: str, backbone, loaded: LoadedDrafter, prompts: list[list[int]], cfg: TunerConfig, threads: int = 0
+) -> dict | None:
+    """The checkpoint's decoding.json when it was measured under these conditions (mode auto), else a fresh
+    tuning written there (a read-only folder: kept in memory, with a warning). CPU: under `threads` threads
+    (0: the cores free now), the count the eval runs with."""
+    if cfg.mode == "off":
+        return None
+    before = torch.get_num_threads()
+    try:
+        if backbone.device.type == "cpu":
+            torch.set_num_threads(choose_threads(threads))
+        ckpt = loaded.path
+        record = read_decoding(ckpt) if ckpt and cfg.mode == "auto" else None
+        if record and matches(record, backbone, loaded):
+            log.info("decoding settings from %s/decoding.json: %s", ckpt, record["decoder_summary"])
+            return {**record, "reused": True}
+        log.info("tuning decoding settings for %s on %s (%s)", ckpt, backbone.device, method)
+        record = tune(method, backbone, loaded, prompts, cfg)
+        if record is None:
+            return None
+        if ckpt:
+            try:
+                write_decoding(ckpt, record)
+            except OSError as e:
+                log.warning(
+                    "could not write %s/decoding.json (%s): the choice is used but not saved", ckpt, e
+                )
+        log.info("tuned: %s, vLLM K=%d, predicted speedup %.3fx (%.1fs)", record["decoder_summary"],
+                 record["vllm"]["num_speculative_tokens"], record["predicted"]["speedup"], record["seconds"])  # fmt: skip
+        return {**record, "reused": False}
+    finally:
+        torch.set_num_threads(before)
+
+
+def probe_ids(prompts, backbone, n: int) -> list[list[int]]:
+    """The first turns of `n` prompts of a PromptSet, spread over it (categories are listed together)."""
+    from headstart.eval.prompts import chat_ids
+
+    rows = prompts.prompts[:: max(1, len(prompts.prompts) // n)][:n]
+    return [chat_ids(backbone.tokenizer, [{"role": "user", "content": p.turns[0]}]) for p in rows]
+
+
+def decoding_report(settings: dict, report: dict, new_tokens: float, tol: float = 0.10) -> dict:
+    """The report's `decoding` entry: the settings used and their source (tuner / user / default); with the
+    tuner's, its predicted speedup (steady state, and at this run's mean answer length with the measured
+    prefill) beside the measured one, their ratio, and a flag when they differ by more than `tol`."""
+    out = {"source": settings["source"], "options": settings["options"]}
+    rec = settings["tuner"]
+    if rec is None:
+        return out
+    pred = rec["predicted"]
+    at_run = speedup_at(pred["speedup"], pred["prefill_vanilla_steps"], new_tokens)
+    measured = report.get("speedup")
+    ratio = measured / at_run if measured and at_run else None
+    return out | {
+        "options": rec["decoder_summary"],
+        "reused": rec.get("reused"),
+        "predicted_tau": pred["tokens_per_step"],
+        "measured_tau": report.get("tau"),
+        "predicted_speedup_steady": pred["speedup"],
+        "predicted_speedup": at_run,
+        "measured_speedup": measured,
+        "ratio": ratio,
+        "flag": None
+        if ratio is None or abs(ratio - 1) <= tol
+        else f"measured/predicted = {ratio:.3f} (off by > {tol:.0%})",
+        "vllm_num_speculative_tokens": rec["vllm"]["num_speculative_tokens"],
+        "acceptance_source": rec["acceptance"]["source"],
+    }

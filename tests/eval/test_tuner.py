@@ -1,0 +1,221 @@
+"""The decoding tuner (eval/tuner.py, eval/speed_model.py): the expected-length model on hand-worked tables, the
+choice under injected costs, acceptance counting, decoding.json, the eval stage's use of it, and the exports'
+K."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from headstart.eval.engine.proposers.base import Setting
+from headstart.eval.engine.proposers.medusa import MedusaTuning
+from headstart.eval.engine.tree import Tree, chain_tree, tree_from_paths
+from headstart.eval.speed_model import Costs, expected_tokens, non_decreasing, predict, rank, speedup_at
+from headstart.eval.tuner import acceptance_table, count_path
+from headstart.models.checkpoint import DECODING_NAME, read_decoding, write_decoding
+from headstart.models.medusa import MedusaConfig, MedusaHeads
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_chain_expects_one_plus_the_path_products():
+    a1, a2 = 0.6, 0.5
+    assert expected_tokens(chain_tree(2), [[a1], [a2]]) == pytest.approx(1 + a1 + a1 * a2)
+
+
+def test_a_rank_one_sibling_adds_its_probability():
+    acc = [[0.6, 0.2], [0.5, 0.1]]
+    tree = tree_from_paths([[0], [1], [0, 0]])
+    assert expected_tokens(tree, acc) == pytest.approx(1 + 0.6 + 0.6 * 0.5 + 0.2)
+    assert expected_tokens(tree_from_paths([[0], [0, 0], [0, 0, 0]]), acc) == pytest.approx(
+        1 + 0.6 + 0.3
+    )  # no row 3
+
+
+def test_speedup_is_tokens_per_step_over_relative_step_cost():
+    costs = Costs(verify={1: 1.0, 3: 1.0}, draft={"d": 0.0}, bookkeeping={1: 0.0})
+    p = predict(Setting({}, chain_tree(2), "d"), [[0.5], [0.5]], costs)
+    assert p["tokens_per_step"] == pytest.approx(1.75) and p["speedup"] == pytest.approx(1.75)
+    assert speedup_at(2.0, prefill_steps=0, new_tokens=10) == pytest.approx(2.0)
+    assert speedup_at(2.0, prefill_steps=10, new_tokens=10) == pytest.approx(20 / 15)
+
+
+def test_verify_costs_are_fitted_non_decreasing():
+    assert non_decreasing({1: 1.0, 2: 2.0, 3: 3.0}) == {1: 1.0, 2: 2.0, 3: 3.0}
+    assert non_decreasing({1: 104.0, 3: 100.0, 4: 117.0}) == {1: 102.0, 3: 102.0, 4: 117.0}
+    assert non_decreasing({1: 3.0, 2: 1.0, 3: 2.0, 4: 5.0}) == {1: 2.0, 2: 2.0, 3: 2.0, 4: 5.0}
+
+
+def _heads(k: int = 3) -> MedusaHeads:
+    return MedusaHeads(MedusaConfig(num_heads=k), 8, 16)
+
+
+ACC = [[0.5, 0.2, 0.1, 0.05], [0.4, 0.15, 0.1, 0.05], [0.3, 0.1, 0.05, 0.05]]
+
+
+def _costs(slope: float) -> Costs:
+    verify = {w: 1.0 + slope * (w - 1) for w in (1, 2, 4, 8, 16, 32)}
+    return Costs(verify=verify, draft={f"depth{d}": 0.01 for d in (1, 2, 3)}, bookkeeping={1: 0.0})
+
+
+def test_flat_verify_cost_picks_a_large_tree_and_steep_cost_a_small_one():
+    settings = MedusaTuning(_heads(), ACC).settings(ACC, 32)
+    flat = rank(settings, ACC, _costs(0.001))[0][0]
+    steep = rank(settings, ACC, _costs(0.2))[0][0]
+    assert flat.tree.size > 16 and steep.tree.size <= 3
+    assert steep.options == {"tree": [[0]]} or steep.options == {"tree": [[0], [0, 0]]}
+    # the chain for vLLM: cheap steps want every head, costly ones one
+    chains = [MedusaTuning(_heads(), ACC).chain(k) for k in (1, 2, 3)]
+    assert rank(chains, ACC, _costs(0.001))[0][0].tree.size == 4
+    assert rank(chains, ACC, _costs(0.5))[0][0].tree.size == 2
+
+
+def test_count_path_records_rank_by_depth():
+    # root -> [a (rank 0), b (rank 1)]; a -> [c (rank 0), d (rank 1)]  (an EAGLE tree: ranks = sibling order)
+    tree = Tree((-1, 0, 0, 1, 1))
+    hits, trials = [], []
+    count_path(tree, [0, 2], hits, trials)  # b accepted (rank 1); b has no children: depth 2 not tried
+    count_path(tree, [0, 1, 4], hits, trials)  # a then d (rank 1 at depth 2)
+    count_path(tree, [0], hits, trials)  # nothing accepted
+    assert trials == [3, 1] and hits == [[1, 1], [0, 1]]
+    assert acceptance_table(hits, trials, min_trials=1, ranks=2) == [[1 / 3, 1 / 3], [0.0, 1.0]]
+    assert acceptance_table(hits, trials, min_trials=2, ranks=2) == [[1 / 3, 1 / 3]]  # depth 2: too few
+    medusa = tree_from_paths([[0], [2], [0, 0]])  # Medusa: the node's own top-k rank
+    hits, trials = [], []
+    count_path(medusa, [0, 2], hits, trials)
+    assert hits == [[0, 0, 1]] and trials == [1]
+
+
+def test_decoding_json_round_trip_and_atomic_write(tmp_path, monkeypatch):
+    record = {"decoder": {"tree": [[0], [1]]}, "vllm": {"num_speculative_tokens": 2}}
+    write_decoding(tmp_path, record)
+    assert read_decoding(tmp_path) == record
+    assert [p.name for p in tmp_path.iterdir()] == [DECODING_NAME]
+
+    def boom(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError):
+        write_decoding(tmp_path, {"decoder": {"tree": [[0]]}})
+    assert read_decoding(tmp_path) == record  # the old file stays whole; no temporary is left behind
+    assert [p.name for p in tmp_path.iterdir()] == [DECODING_NAME]
+    (tmp_path / DECODING_NAME).write_text("{half")
+    assert read_decoding(tmp_path) is None
+
+
+# ---------------------------------------------------------------- the eval stage and the exports
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    """A fresh 2-head Medusa checkpoint on a tiny backbone whose drafts are sometimes accepted."""
+    from headstart.models.backbone import BackboneConfig, load_backbone
+    from headstart.models.checkpoint import build_drafter, save_drafter
+
+    cfg = BackboneConfig(
+        name="tiny", path="tiny", dtype="float32", tiny={"seed": 3, "initializer_range": 0.2}
+    )
+    bb, mcfg = load_backbone(cfg), MedusaConfig(num_heads=2)
+    return save_drafter(tmp_path / "drafter", build_drafter("medusa", mcfg, bb), "medusa", mcfg, cfg, bb)
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    rows = [{"question_id": i, "category": "c", "turns": [t]} for i, t in enumerate(["Say hi.", "def f(x):"])]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def _eval(ckpt, prompts, out, **kw):
+    from headstart.eval.config import EvalConfig
+    from headstart.eval.stage import run
+    from headstart.eval.timing import TimingConfig
+    from headstart.eval.tuner import TunerConfig
+
+    cfg = EvalConfig(checkpoint=str(ckpt), prompts=str(prompts), out_dir=str(out), max_new_tokens=8, device="cpu",
+                     dtype="float32", timing=TimingConfig(budget_s=0, cost_reps=3),
+                     tuner=TunerConfig(reps=3, probe_tokens=16), **kw)  # fmt: skip
+    return run(cfg)
+
+
+def test_eval_uses_the_tuned_settings_and_user_options_win(ckpt, prompts, tmp_path):
+    report = _eval(ckpt, prompts, tmp_path / "a")
+    saved = read_decoding(ckpt)
+    d = report["decoding"]
+    assert d["source"] == "tuner" and d["reused"] is False and saved is not None
+    assert report["timing"]["verify_width"] == saved["decoder_summary"]["verify_width"]
+    assert d["predicted_speedup"] > 0 and d["ratio"] == pytest.approx(
+        d["measured_speedup"] / d["predicted_speedup"]
+    )
+    assert "## Decoding settings" in (tmp_path / "a" / "report.md").read_text()
+    # a decoding.json measured here is reused as it is: a hand-edited tree is what the decoder gets
+    write_decoding(ckpt, {**saved, "decoder": {"tree": [[0], [1], [2]]}})
+    report = _eval(ckpt, prompts, tmp_path / "b")
+    assert report["decoding"]["reused"] is True and report["timing"]["verify_width"] == 4
+    # the user's option wins and is recorded as the user's
+    report = _eval(ckpt, prompts, tmp_path / "c", tree_nodes=1)
+    assert report["decoding"] == {"source": "user", "options": {"tree_nodes": 1}}
+    assert report["timing"]["verify_width"] == 2
+    # tuner.mode=off: the hand-set defaults
+    from headstart.eval.tuner import TunerConfig
+
+    assert TunerConfig(mode="off").mode == "off"
+    with pytest.raises(ValueError, match="tuner.mode"):
+        TunerConfig(mode="sometimes")
+
+
+def test_exports_write_the_tuned_k(ckpt, tmp_path):
+    from headstart.models.export import export
+
+    saved = {"decoder": {"tree": [[0]]}, "decoder_summary": {"verify_width": 2}, "conditions": {"device": "cpu"},
+             "vllm": {"num_speculative_tokens": 1, "tokens_per_step": 1.3, "speedup": 1.2}}  # fmt: skip
+    write_decoding(ckpt, saved)
+    (folder,) = export(ckpt, tmp_path / "out", ["vllm"])
+    config = json.loads((folder / "config.json").read_text())
+    assert config["num_heads"] == 1  # the 2-head checkpoint ships its first head: vLLM drafts one per head
+    card = (folder / "README.md").read_text()
+    assert '"num_speculative_tokens": 1' in card and "first 1 of the 2 trained heads" in card
+    from safetensors.torch import load_file
+
+    assert not any(k.startswith("blocks.1.") for k in load_file(folder / "model.safetensors"))
+
+
+def test_speculators_export_writes_k(backbone, tmp_path):
+    from headstart.models.checkpoint import build_drafter
+    from headstart.models.eagle import Eagle3Config
+    from headstart.models.export.eagle import to_layout
+
+    d = build_drafter("eagle3", Eagle3Config(aux_layers=[1, 1, 1], draft_vocab_size=64), backbone)
+    config, _ = to_layout(d, "speculators", "base", ["LlamaForCausalLM"], k=5)
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 5
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_eagle_tuning_measures_and_chooses(method, tmp_path):
+    """The EAGLE hooks end to end on a random drafter: acceptance measured by the probe, every setting's drafter
+    cost timed, a (depth, nodes, topk) the decoder takes."""
+    from headstart.eval.engine.decoder import build_decoder
+    from headstart.eval.tuner import TunerConfig, tune
+    from headstart.models import registry
+    from headstart.models.backbone import BackboneConfig, load_backbone
+    from headstart.models.checkpoint import LoadedDrafter, build_drafter, load_drafter, save_drafter
+
+    cfg = BackboneConfig(
+        name="tiny", path="tiny", dtype="float32", tiny={"seed": 3, "initializer_range": 0.2}
+    )
+    bb, m = load_backbone(cfg), registry.get(method)
+    mcfg = m.config(aux_layers=[1, 1, 1], draft_vocab_size=64) if method == "eagle3" else m.config()
+    ckpt = save_drafter(tmp_path / "d", build_drafter(method, mcfg, bb), method, mcfg, cfg, bb)
+    loaded = LoadedDrafter(*load_drafter(ckpt, bb), ckpt)
+    record = tune(
+        m.proposer, bb, loaded, [[5, 6, 7, 8, 9], [10, 11, 12]], TunerConfig(reps=3, probe_tokens=16)
+    )
+    assert record["acceptance"]["source"] == "measured"
+    assert set(record["decoder"]) == {"num_draft_tokens", "tree_nodes", "topk"}
+    assert record["costs_s"]["draft"] and 1 <= record["vllm"]["num_speculative_tokens"] <= 8
+    spec = build_decoder(m.proposer, bb, loaded, **record["decoder"])
+    assert spec.proposer.width == record["decoder"]["tree_nodes"] + 1
