@@ -29,15 +29,9 @@ from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from headstart.models.chunked_ce import compute_dtype, linear_soft_cross_entropy
+from headstart.models.draft_vocab import build_vocab_map, check_coverage, label_counts, vocab_coverage
 from headstart.models.drafter import DrafterBase
-from headstart.models.eagle_config import (
-    Eagle3Config,
-    EagleConfig,
-    build_vocab_map,
-    draft_layer_config,
-    resolve_aux_layers,
-    vocab_coverage,
-)
+from headstart.models.eagle_config import Eagle3Config, EagleConfig, draft_layer_config, resolve_aux_layers
 from headstart.models.eagle_ttt import smooth_l1_sum, teacher_targets
 
 __all__ = ["Eagle3Config", "EagleConfig", "EagleDrafter"]
@@ -106,18 +100,10 @@ class EagleDrafter(DrafterBase):
         than `min_coverage` of the labelled tokens. -> stats for the run's data_stats."""
         if not self.v3:
             return {}
-        counts = torch.zeros(self.vocab_size, dtype=torch.long)
-        for i in range(len(dataset)):
-            labels = dataset[i]["labels"]
-            counts += torch.bincount(labels[labels != -100], minlength=self.vocab_size)
+        counts = label_counts(dataset, self.vocab_size)
         d2t, t2d = build_vocab_map(counts, len(self.d2t))
         coverage = vocab_coverage(counts, t2d)
-        if coverage < self.cfg.min_coverage:
-            raise ValueError(
-                f"the draft vocabulary of {len(d2t)} tokens covers {coverage:.1%} of the labelled training "
-                f"tokens (method.min_coverage={self.cfg.min_coverage}); the drafter could never propose the "
-                "rest. Fix: raise method.draft_vocab_size or lower method.min_coverage"
-            )
+        check_coverage(coverage, len(d2t), self.cfg.min_coverage)
         self.set_vocab_map(d2t.to(self.d2t.device), t2d.to(self.t2d.device))
         distinct = int((counts > 0).sum())
         return {"draft_vocab_size": len(d2t), "draft_vocab_coverage": coverage, "labelled_distinct": distinct}

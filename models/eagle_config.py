@@ -1,11 +1,10 @@
 """EAGLE drafter settings: the method configs (EAGLE-1/2, EAGLE-3), the fused target layers, the draft layer's
-shape, and EAGLE-3's reduced draft vocabulary (d2t / t2d maps built from token frequencies in the data)."""
+shape. (EAGLE-3's reduced draft vocabulary, d2t / t2d from token frequencies: models/draft_vocab.py.)"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
 from transformers import LlamaConfig
 
 from headstart.models.eagle_ttt import ATTENTION
@@ -124,17 +123,3 @@ def draft_layer_config(backbone_config, vocab_size: int) -> LlamaConfig:
         attention_bias=False,
         attn_implementation=ATTENTION,
     )
-
-
-def build_vocab_map(counts: torch.Tensor, draft_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """counts (V,) of labelled tokens -> d2t (Dv,) long, t2d (V,) bool: the Dv most frequent ids (ties: lower
-    id), sorted by id, so draft id i is target id i + d2t[i] (EAGLE-3 / SpecForge convention)."""
-    order = torch.argsort(-counts.double() + torch.arange(len(counts)) * 1e-9 / len(counts), stable=True)
-    kept = order[:draft_vocab_size].sort().values  # (Dv,)
-    t2d = torch.zeros(len(counts), dtype=torch.bool)
-    t2d[kept] = True
-    return kept - torch.arange(len(kept)), t2d
-
-
-def vocab_coverage(counts: torch.Tensor, t2d: torch.Tensor) -> float:
-    return float(counts[t2d].sum() / counts.sum().clamp_min(1))
