@@ -32,8 +32,16 @@ class EagleConfig:  # EAGLE-1/2
     # training into safetensors shards under cache_dir/hidden/, reused while the backbone and data match).
     hidden_cache: str = "online"
     hidden_cache_dtype: str = "bfloat16"  # bfloat16 | float16 | float32 (offline shards only)
+    # 0: draft over the full vocabulary (the frozen lm_head); else over the lm_head's rows of the Dv most
+    # frequent labelled tokens (`token_map`, models/draft_vocab.py); >= the backbone's vocabulary: the full one
+    draft_vocab_size: int = 0
+    min_coverage: float = 0.9  # refuse a draft vocabulary that covers less of the labelled tokens than this
 
     def __post_init__(self) -> None:
+        if self.draft_vocab_size < 0 or not 0 <= self.min_coverage <= 1:
+            raise ValueError(
+                "method.draft_vocab_size must be >= 0 (0 = full) and method.min_coverage in [0, 1]"
+            )
         if self.w_feat < 0 or self.w_tok < 0 or self.w_feat + self.w_tok == 0:
             raise ValueError("method.w_feat and method.w_tok must be >= 0 and not both 0")
         if self.noise < 0 or self.sim_steps < 1 or self.loss_chunk < 1:
