@@ -18,6 +18,13 @@
   `bias: true`, q/k/v/o biases. fc's bias b is folded into them exactly: the layer's input is x + b (no input
   norm), so q/k/v gain W b (RoPE is applied after the projection, bias included) and the residual's + b
   becomes o_proj's bias. Loading `eagle` instead fails in vLLM (no parameter for `fc.bias`).
+
+EAGLE-1 over a truncated draft vocabulary (method.draft_vocab_size): neither EAGLE-1 layout can say so. vLLM's
+`EagleLlamaForCausalLM` has no lm_head, d2t or token_map of its own: it drafts through the target's full
+lm_head (and would refuse an unknown `token_map` tensor), and SGLang's EAGLE-1 loader likewise. Both layouts
+are written without the map: served there, the drafter proposes over the full vocabulary (the kept ids' logits
+are exact; the others become draftable, so drafts may differ from the measured ones, and decoding stays
+lossless). The card says so; read_layout rebuilds the full-vocabulary drafter that an engine serves.
 """
 
 from __future__ import annotations
@@ -90,6 +97,8 @@ def to_layout(d: EagleDrafter, layout: str, base_model: str, verifier_arch: list
         raise ValueError(f"a {'EAGLE-3' if d.v3 else 'EAGLE-1'} drafter cannot be written as {layout!r}")
     tensors = {}
     for name, value in d.state_dict().items():
+        if name == "token_map":  # EAGLE-1's truncated vocabulary: no engine's EAGLE-1 loader reads it
+            continue
         tensors[PREFIX[layout] + name[len("layer.") :] if name.startswith("layer.") else name] = (
             value.detach()
         )
@@ -182,6 +191,14 @@ def eagle_card(meta: dict, layout: str, report: dict | None):
     ]
     if (tau := (meta.get("eval") or {}).get("eval/sim_tau")) is not None:
         about += ["", f"Simulated tau on held-out data (greedy chain, at training time): {tau:.2f}."]
+    if meta["method"] == "eagle" and "draft_vocab_coverage" in (stats := meta.get("data_stats") or {}):
+        about += ["", (
+            f"Trained over a truncated draft vocabulary of {stats['draft_vocab_size']} tokens (the most frequent"
+            f" labels, {stats['draft_vocab_coverage']:.1%} of the labelled training tokens). EAGLE-1 loaders"
+            " (vLLM, SGLang) have no place for it and draft through the target's full lm_head: the kept tokens'"
+            " logits are exact, every other token can be drafted too, so drafts may differ from the measured"
+            " ones (verification keeps decoding lossless)."
+        )]  # fmt: skip
     if layout in ("eagle3", "eagle"):  # the EAGLE repo's layout, which SGLang loads
         library, serve = "sglang", [
             "With SGLang:", "", "```bash",
