@@ -25,7 +25,7 @@ import torch
 
 from headstart.data.build import build_datasets
 from headstart.data.config import DataConfig
-from headstart.eval.bounds import step_costs
+from headstart.eval.engine.runner import ModelRunner
 from headstart.eval.engine.tree import tree_from_paths
 from headstart.eval.timing import choose_threads
 from headstart.models.backbone import BackboneConfig, load_backbone
@@ -112,22 +112,29 @@ def main() -> None:
     variants = {"full": heads_for(backbone, args.heads, counts)}
     variants |= {f"Dv={dv}": heads_for(backbone, args.heads, counts, dv) for dv in sizes}
 
-    # decode step: the verify forward, and each variant's drafting from one hidden state
+    # decode step: the target's verify forward and each variant's drafting, alternating
     rows = [r["input_ids"] for r in held_out if len(r["input_ids"]) >= args.context]
     context = (rows[0][: args.context] if rows else torch.randint(3, v, (args.context,))).tolist()
-    chain = tree_from_paths([[0] * d for d in range(1, args.width)])
-    verify_s = step_costs(backbone, {"verify": (args.width, chain)}, context, args.reps)["verify"]
-    hidden = backbone(torch.tensor([context]))[0][0, -1]  # (H,)
+    chain = tree_from_paths([[0] * d for d in range(1, args.width)])  # root + width-1 drafts
+    runner = ModelRunner(backbone, len(context) + args.width + 1)
+    candidates = torch.tensor(context[-args.width :])  # any ids: the cost does not depend on them
+    with torch.no_grad():
+        hidden = runner.prefill(context)[0]  # (H,) the last position's hidden state
     depth, topk = args.heads, 4
+
+    def verify():
+        with torch.no_grad():
+            runner.step(candidates, chain)  # not committed: every call verifies after the same context
 
     def drafting(heads):
         def run():
-            with torch.inference_mode():
+            with torch.no_grad():
                 heads.to_target(heads(hidden, depth=depth).topk(topk, dim=-1).indices)
 
         return run
 
-    draft_s = alternate({n: drafting(h) for n, h in variants.items()}, args.reps)
+    step_s = alternate({"verify": verify} | {n: drafting(h) for n, h in variants.items()}, args.reps)
+    verify_s, draft_s = step_s.pop("verify"), step_s
 
     # training step: the heads' loss forward + backward on real labels (OOV targets included)
     ids = training_batch(train, args.batch, args.seq_len, v)
