@@ -180,7 +180,7 @@ def read_layout(folder: Path, backbone) -> EagleDrafter:
     return d.to(torch.float32)
 
 
-def eagle_card(meta: dict, layout: str, report: dict | None):
+def eagle_card(meta: dict, layout: str, report: dict | None, truncated: bool = False):
     """The layout's model card: what the drafter is, and how SGLang (EAGLE repo layouts) or vLLM serves it."""
     from headstart.models.export.card import THIS_REPO, base_model_id, model_card, vllm_snippet
 
@@ -191,7 +191,8 @@ def eagle_card(meta: dict, layout: str, report: dict | None):
     ]
     if (tau := (meta.get("eval") or {}).get("eval/sim_tau")) is not None:
         about += ["", f"Simulated tau on held-out data (greedy chain, at training time): {tau:.2f}."]
-    if meta["method"] == "eagle" and "draft_vocab_coverage" in (stats := meta.get("data_stats") or {}):
+    if truncated:  # EAGLE-1 over a truncated vocabulary, written without it (see the module docstring)
+        stats = meta["data_stats"]
         about += ["", (
             f"Trained over a truncated draft vocabulary of {stats['draft_vocab_size']} tokens (the most frequent"
             f" labels, {stats['draft_vocab_coverage']:.1%} of the labelled training tokens). EAGLE-1 loaders"
@@ -224,6 +225,6 @@ def export(drafter_dir: Path, meta: dict, out: Path, layouts: list[str], report:
     written = []
     for layout in layouts:
         folder = write_layout(drafter, layout, out / layout, base, arch)
-        save_card(eagle_card(meta, layout, report), folder)
+        save_card(eagle_card(meta, layout, report, drafter.truncated), folder)
         written.append(folder)
     return written
