@@ -99,6 +99,17 @@ def to_vllm(heads: MedusaHeads, base_model: str) -> tuple[dict, dict[str, torch.
     return config, tensors
 
 
+def vllm_engine_args(folder: Path) -> dict:
+    """Extra `vllm.LLM` arguments an exported folder needs. vLLM's Medusa.load_weights registers the loaded
+    `token_map` as a parameter without reporting it loaded, so its strict every-parameter-loaded check
+    (default for unquantized models) refuses every truncated Medusa checkpoint ("Following weights were not
+    initialized from checkpoint: {'token_map'}"); the check is turned off for those folders only."""
+    config = json.loads((Path(folder) / "config.json").read_text())
+    if config.get("truncated_vocab_size", config.get("vocab_size")) < config.get("vocab_size", 0):
+        return {"model_loader_extra_config": {"enable_weights_track": False}}
+    return {}
+
+
 def write_layout(heads: MedusaHeads, layout: str, out: Path, base_model: str) -> Path:
     if layout not in LAYOUTS:
         raise ValueError(f"unknown export layout {layout!r}: expected one of {list(LAYOUTS)}")
@@ -178,7 +189,11 @@ def truncation_note(meta: dict, layout: str) -> str:
         f" labels, {stats['draft_vocab_coverage']:.1%} of the labelled training tokens)."
     )
     if layout == "vllm":
-        return trained + " vLLM drafts over it (`truncated_vocab_size`, `token_map`), as headstart does."
+        return trained + (
+            " vLLM drafts over it (`truncated_vocab_size`, `token_map`), as headstart does; its Medusa loader"
+            " leaves `token_map` off its list of loaded weights, so pass"
+            ' `model_loader_extra_config={"enable_weights_track": False}` to `LLM(...)` or it refuses to start.'
+        )
     return trained + (
         " This layout has no truncated vocabulary: the heads are written over the full lm_head, so the logits"
         " of the kept tokens are exact but every other token can be drafted too; drafts may differ from the"

@@ -21,7 +21,7 @@ from headstart.models.draft_vocab import (
     select_from_data,
     target_to_draft,
 )
-from headstart.models.export.medusa import read_layout, write_layout
+from headstart.models.export.medusa import read_layout, vllm_engine_args, write_layout
 from headstart.models.medusa import MedusaConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -162,6 +162,12 @@ def test_vllm_export_carries_token_map_and_round_trips(backbone, tmp_path):
     assert t["lm_heads.0.weight"].shape == (40, backbone.hidden_size)  # the kept rows, as vLLM's lm_head
     back = read_layout(tmp_path)
     assert back.truncated and torch.equal(back.token_map, heads.token_map)
+    # vLLM's strict load check misses the token_map it registers: turned off for truncated folders only
+    assert vllm_engine_args(tmp_path) == {"model_loader_extra_config": {"enable_weights_track": False}}
+    write_layout(
+        build_drafter("medusa", MedusaConfig(share_lm_head=True), backbone), "vllm", tmp_path / "f", "b"
+    )
+    assert vllm_engine_args(tmp_path / "f") == {}
     hidden, _ = backbone(torch.randint(0, backbone.vocab_size, (1, 5)))
     torch.testing.assert_close(back(hidden), heads(hidden))
 
