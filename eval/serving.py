@@ -76,6 +76,14 @@ def export_layouts(drafter_dir: Path, meta: dict, out: Path) -> list[Layout]:
     ]
 
 
+def engine_args(method: str, folder: Path) -> dict:
+    """Extra vLLM engine arguments an exported folder needs (its exporter's `vllm_engine_args`, if any)."""
+    import importlib
+
+    module = importlib.import_module(registry.get(method).export.partition(":")[0])
+    return getattr(module, "vllm_engine_args", lambda folder: {})(folder)
+
+
 def strip_eos(tokens: list[int], eos: set[int]) -> list[int]:
     """Output up to (not including) the first EOS: vLLM leaves the stop token out, our decoder keeps it."""
     cut = next((i for i, t in enumerate(tokens) if t in eos), len(tokens))
@@ -83,11 +91,17 @@ def strip_eos(tokens: list[int], eos: set[int]) -> list[int]:
 
 
 def run_vllm(
-    model: str, prompts: list[list[int]], max_new: int, eos: list[int], spec: dict | None, log: Path
+    model: str,
+    prompts: list[list[int]],
+    max_new: int,
+    eos: list[int],
+    spec: dict | None,
+    log: Path,
+    engine_args: dict | None = None,
 ) -> EngineRun:
     """One engine: prompts one at a time (batch size 1), greedy; counters read before and after."""
     max_len = max(len(p) for p in prompts) + max_new + 16
-    extra = {"speculative_config": spec} if spec else {}
+    extra = {"speculative_config": spec, **(engine_args or {})} if spec else {}
     try:
         engine = VllmEngine(engine_spec(model, "bfloat16", max_len, **extra), log_path=log)
     except VllmError as e:
@@ -235,7 +249,8 @@ def serve_check(drafter_dir: Path, questions: list[str], out: Path, k: int = 3, 
     rows, failures, notes = [], [], []
     for lay in layouts:
         spec = {"method": lay.method, "model": str(lay.folder), "num_speculative_tokens": k}
-        run = run_vllm(model, prompts, max_new, eos, spec, out / "logs" / f"{lay.name}.log")
+        args = engine_args(meta["method"], lay.folder)  # what the export needs beyond the speculative config
+        run = run_vllm(model, prompts, max_new, eos, spec, out / "logs" / f"{lay.name}.log", args)
         row = {"layout": lay.name, "folder": str(lay.folder), "speculative_config": spec}
         row |= {"vllm": asdict(run), "ours": asdict(ours)}
         row["agree_with_ours"] = agree(run.outputs, ours.outputs) if run.loaded else 0

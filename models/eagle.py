@@ -7,6 +7,9 @@ EAGLE-2 only changes decoding): f_t is the target's pre-lm_head feature (the fin
     L = w_feat * SmoothL1(f^_{t+1}, f_{t+1}) + w_tok * CE(softmax(lm_head(f_{t+1})), p^_{t+2})   (Eq. 1-3)
 
 with uniform noise on the input features while training. The layer has no input norm (EAGLE's layer 0).
+With `draft_vocab_size` Dv > 0, lm_head is its rows of the Dv most frequent labelled tokens (`token_map`), in
+training (the teacher renormalised over them, as EAGLE-3's) and drafting; held-out accuracy counts a teacher
+argmax outside them as a miss (models/draft_vocab.py).
 
 EAGLE-3 (Li et al. 2025, "EAGLE-3: Scaling up Inference Acceleration ... via Training-Time Test", Sec. 3):
 g_t = fc([l_t; m_t; h_t]) fuses low/middle/high target layers (3H -> H); the layer's attention reads
@@ -29,15 +32,17 @@ from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from headstart.models.chunked_ce import compute_dtype, linear_soft_cross_entropy
-from headstart.models.drafter import DrafterBase
-from headstart.models.eagle_config import (
-    Eagle3Config,
-    EagleConfig,
+from headstart.models.draft_vocab import (
+    RowCache,
     build_vocab_map,
-    draft_layer_config,
-    resolve_aux_layers,
+    check_coverage,
+    label_counts,
+    select_from_data,
+    target_to_draft,
     vocab_coverage,
 )
+from headstart.models.drafter import DrafterBase
+from headstart.models.eagle_config import Eagle3Config, EagleConfig, draft_layer_config, resolve_aux_layers
 from headstart.models.eagle_ttt import smooth_l1_sum, teacher_targets
 from headstart.models.feature_cache import cached_layers
 
@@ -89,6 +94,11 @@ class EagleDrafter(DrafterBase):
             self.aux_layers = ()
             self.fc = nn.Linear(2 * h, h, bias=True)
             self.layer.input_layernorm = nn.Identity()  # EAGLE-1's layer 0 has no input norm
+        # EAGLE-1 over a truncated draft vocabulary: the frozen lm_head's token_map rows (gathered once, unsaved)
+        self.truncated = not self.v3 and 0 < cfg.draft_vocab_size < vocab_size
+        if self.truncated:
+            self.register_buffer("token_map", torch.arange(cfg.draft_vocab_size))  # draft id -> target id
+            self._rows = RowCache()
         self._frozen: list[nn.Module] = []  # [embed_tokens, lm_head] of the backbone: not registered/saved
 
     def attach(self, embed: nn.Module, lm_head: nn.Module) -> None:
@@ -105,20 +115,19 @@ class EagleDrafter(DrafterBase):
         """EAGLE-3: the draft vocabulary = the most frequent labelled tokens of the training data, stored as
         the d2t/t2d buffers (they travel in the checkpoint, never in a side file). Raises when it covers less
         than `min_coverage` of the labelled tokens. -> stats for the run's data_stats."""
+        if self.truncated:  # EAGLE-1: the same selection, kept as token_map
+            token_map, stats = select_from_data(
+                dataset, self.vocab_size, self.cfg.draft_vocab_size, self.cfg.min_coverage
+            )
+            with torch.no_grad():
+                self.token_map.copy_(token_map)
+            return stats
         if not self.v3:
             return {}
-        counts = torch.zeros(self.vocab_size, dtype=torch.long)
-        for i in range(len(dataset)):
-            labels = dataset[i]["labels"]
-            counts += torch.bincount(labels[labels != -100], minlength=self.vocab_size)
+        counts = label_counts(dataset, self.vocab_size)
         d2t, t2d = build_vocab_map(counts, len(self.d2t))
         coverage = vocab_coverage(counts, t2d)
-        if coverage < self.cfg.min_coverage:
-            raise ValueError(
-                f"the draft vocabulary of {len(d2t)} tokens covers {coverage:.1%} of the labelled training "
-                f"tokens (method.min_coverage={self.cfg.min_coverage}); the drafter could never propose the "
-                "rest. Fix: raise method.draft_vocab_size or lower method.min_coverage"
-            )
+        check_coverage(coverage, len(d2t), self.cfg.min_coverage)
         self.set_vocab_map(d2t.to(self.d2t.device), t2d.to(self.t2d.device))
         distinct = int((counts > 0).sum())
         return {"draft_vocab_size": len(d2t), "draft_vocab_coverage": coverage, "labelled_distinct": distinct}
@@ -132,7 +141,9 @@ class EagleDrafter(DrafterBase):
         return {"drafter": self if live else self.to_serving_dtype(backbone.dtype)}
 
     def draft_ids(self) -> torch.Tensor:
-        """(Dv,) target id of each draft id (all ids for EAGLE-1)."""
+        """(Dv,) target id of each draft id (all ids for EAGLE-1 over the full vocabulary)."""
+        if self.truncated:
+            return self.token_map
         if not self.v3:
             return torch.arange(self.vocab_size, device=self.fc.weight.device)
         return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
@@ -162,7 +173,10 @@ class EagleDrafter(DrafterBase):
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
     def head_weight(self) -> torch.Tensor:
-        return self.lm_head.weight if self.v3 else self._frozen[1].weight
+        if self.v3:
+            return self.lm_head.weight
+        w = self._frozen[1].weight
+        return self._rows.get(w, self.token_map) if self.truncated else w  # (Dv, H)
 
     def head_input(self, h: torch.Tensor) -> torch.Tensor:
         return self.norm(h) if self.v3 else h
@@ -181,13 +195,13 @@ class EagleDrafter(DrafterBase):
         w = self.head_weight()  # cast the rows, never the (Dv, H) projection (a frozen bf16 lm_head)
         logp = torch.log_softmax((self.head_input(h).to(w.dtype) @ w.T).float(), -1)  # (..., Dv)
         score, idx = logp.topk(k, -1)
-        return score, self.draft_ids()[idx] if self.v3 else idx
+        return score, self.draft_ids()[idx] if self.v3 or self.truncated else idx
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """(..., H) -> (..., V) target-vocabulary logits (-inf outside the draft vocabulary)."""
         x = self.head_input(h)
         logits = x @ self.head_weight().to(x.dtype).T  # (..., Dv)
-        if not self.v3 or logits.shape[-1] == self.vocab_size:
+        if logits.shape[-1] == self.vocab_size:
             return logits
         full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
         return full.index_copy_(-1, self.draft_ids(), logits)
@@ -257,7 +271,16 @@ class EagleDrafter(DrafterBase):
             segment.append(torch.full_like(at[-1], s))
             weight.append(torch.full(at[-1].shape, self.cfg.decay**s if self.v3 else self.cfg.w_tok))
             counts.append(rows.sum())
-        at = torch.cat(at)
+        at, segment = torch.cat(at), torch.cat(segment)
+        greedy = (
+            None if self.training else _argmax(target, self._frozen[1].weight, self.cfg.loss_chunk)
+        )  # (B, T)
+        segments = steps
+        if (
+            greedy is not None and self.truncated
+        ):  # held out: a full-vocabulary argmax outside the map is a miss
+            oov = target_to_draft(self.token_map, self.vocab_size)[greedy[need]] < 0  # (table rows,)
+            segment, segments = segment + steps * oov[at].long(), 2 * steps  # those rows: segments steps..
         loss, seg_loss, hist = linear_soft_cross_entropy(
             torch.cat(x),
             w_s,
@@ -265,31 +288,35 @@ class EagleDrafter(DrafterBase):
             top[at],
             self.cfg.loss_chunk,
             at,
-            torch.cat(segment),
-            steps,
+            segment,
+            segments,
             torch.cat(weight).to(g.device),
             full_ranks=not self.training,
         )
+        if segments > steps:  # the loss counts every row; the rank histogram only the draftable ones
+            oov_n = torch.bincount(segment, minlength=segments)[steps:]
+            seg_loss, hist = seg_loss[:steps] + seg_loss[steps:], hist[:steps]
         if not self.v3:  # EAGLE-1: plus the feature regression
             rows = shifted(labels, 1, -100) != -100
             loss = loss + self.cfg.w_feat * smooth_l1_sum(hs[0][rows], shifted(target, 0, 0.0)[rows])
         metrics = {}
         for s, n in enumerate(counts):
             metrics |= {f"head{s}/loss_sum": seg_loss[s], f"head{s}/rank_hist": hist[s], f"head{s}/n": n}
+            if segments > steps:
+                metrics[f"head{s}/oov"] = oov_n[s]
         count = counts[0]
-        if not self.training:
+        if greedy is not None:
             metrics["sim_tau_sum"] = self.simulated_tau(
-                g, ids, target, valid, shifted(labels, 1, -100) != -100
+                g, ids, greedy, valid, shifted(labels, 1, -100) != -100
             )
         return loss, count, metrics
 
     @torch.no_grad()
-    def simulated_tau(self, g, ids, target, valid, rows) -> torch.Tensor:
+    def simulated_tau(self, g, ids, greedy, valid, rows) -> torch.Tensor:
         """Summed over `rows`, 1 + the accepted length of the drafter's own greedy chain of sim_steps tokens
         (its argmax tokens and hidden states fed back) against the backbone's greedy token at each data
-        position. Exact tau when the data is the backbone's own greedy output; a proxy otherwise."""
-        lm = self._frozen[1].weight
-        greedy = _argmax(target, lm, self.cfg.loss_chunk)  # (B, T) backbone argmax after each position
+        position (`greedy` (B, T): the backbone's argmax after each position). Exact tau when the data is the
+        backbone's own greedy output; a proxy otherwise."""
         cache, pos = self.new_cache(), torch.arange(g.shape[1], device=g.device)[None]
         feat, tokens, ok = g, ids[:, 1:], rows.clone()
         total = rows.sum().to(torch.float64)

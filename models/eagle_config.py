@@ -1,11 +1,10 @@
 """EAGLE drafter settings: the method configs (EAGLE-1/2, EAGLE-3), the fused target layers, the draft layer's
-shape, and EAGLE-3's reduced draft vocabulary (d2t / t2d maps built from token frequencies in the data)."""
+shape. (EAGLE-3's reduced draft vocabulary, d2t / t2d from token frequencies: models/draft_vocab.py.)"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
 from transformers import LlamaConfig
 
 from headstart.models.eagle_ttt import ATTENTION
@@ -23,8 +22,16 @@ class EagleConfig:  # EAGLE-1/2
     # training into safetensors shards under cache_dir/hidden/, reused while the backbone and data match).
     hidden_cache: str = "online"
     hidden_cache_dtype: str = "bfloat16"  # bfloat16 | float16 | float32 (offline shards only)
+    # 0: draft over the full vocabulary (the frozen lm_head); else over the lm_head's rows of the Dv most
+    # frequent labelled tokens (`token_map`, models/draft_vocab.py); >= the backbone's vocabulary: the full one
+    draft_vocab_size: int = 0
+    min_coverage: float = 0.9  # refuse a draft vocabulary that covers less of the labelled tokens than this
 
     def __post_init__(self) -> None:
+        if self.draft_vocab_size < 0 or not 0 <= self.min_coverage <= 1:
+            raise ValueError(
+                "method.draft_vocab_size must be >= 0 (0 = full) and method.min_coverage in [0, 1]"
+            )
         if self.w_feat < 0 or self.w_tok < 0 or self.w_feat + self.w_tok == 0:
             raise ValueError("method.w_feat and method.w_tok must be >= 0 and not both 0")
         if self.noise < 0 or self.sim_steps < 1 or self.loss_chunk < 1:
@@ -114,17 +121,3 @@ def draft_layer_config(backbone_config, vocab_size: int) -> LlamaConfig:
         attention_bias=False,
         attn_implementation=ATTENTION,
     )
-
-
-def build_vocab_map(counts: torch.Tensor, draft_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """counts (V,) of labelled tokens -> d2t (Dv,) long, t2d (V,) bool: the Dv most frequent ids (ties: lower
-    id), sorted by id, so draft id i is target id i + d2t[i] (EAGLE-3 / SpecForge convention)."""
-    order = torch.argsort(-counts.double() + torch.arange(len(counts)) * 1e-9 / len(counts), stable=True)
-    kept = order[:draft_vocab_size].sort().values  # (Dv,)
-    t2d = torch.zeros(len(counts), dtype=torch.bool)
-    t2d[kept] = True
-    return kept - torch.arange(len(kept)), t2d
-
-
-def vocab_coverage(counts: torch.Tensor, t2d: torch.Tensor) -> float:
-    return float(counts[t2d].sum() / counts.sum().clamp_min(1))

@@ -5,6 +5,10 @@ Decoding Heads", Sec. 2.1.1): K heads on the frozen backbone's last hidden state
 
 where head k (k = 0..K-1 here) predicts token t+k+2, i.e. k+1 places beyond the backbone's own next token.
 Loss (Eq. 1): sum_k decay^k * CE_k, computed with the chunked linear cross-entropy (no K x N x V logits).
+
+With `draft_vocab_size` Dv > 0 the heads project onto Dv rows only (the most frequent labelled tokens, chosen
+in `init_from_data`; models/draft_vocab.py): logits are over draft ids, `token_map` (a saved buffer) maps them to
+target ids. A target outside the map adds no loss and counts as a miss (see models/draft_vocab.py).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch
 from torch import nn
 
 from headstart.models.chunked_ce import linear_cross_entropy
+from headstart.models.draft_vocab import RowCache, select_from_data, target_to_draft
 from headstart.models.drafter import DrafterBase
 from headstart.models.feature_cache import cached_layers, check_hidden_cache
 
@@ -30,6 +35,10 @@ class MedusaConfig:
     # before training, models/feature_cache.py): extra epochs then cost only the heads.
     hidden_cache: str = "online"
     hidden_cache_dtype: str = "bfloat16"  # bfloat16 | float16 | float32 (offline shards only)
+    # 0: draft over the full vocabulary; else the heads' logits cover the Dv most frequent labelled tokens
+    # (>= the backbone's vocabulary: the full one)
+    draft_vocab_size: int = 0
+    min_coverage: float = 0.9  # refuse a draft vocabulary that covers less of the labelled tokens than this
 
     def __post_init__(self) -> None:
         if not 1 <= self.num_heads <= 16:
@@ -41,6 +50,11 @@ class MedusaConfig:
         if self.loss_chunk < 1:
             raise ValueError(f"method.loss_chunk={self.loss_chunk}: must be >= 1")
         check_hidden_cache(self)
+        if self.draft_vocab_size < 0 or not 0 <= self.min_coverage <= 1:
+            raise ValueError(
+                f"method.draft_vocab_size={self.draft_vocab_size}, method.min_coverage={self.min_coverage}: "
+                "must be >= 0 (0 = the full vocabulary) and in [0, 1]"
+            )
 
 
 class ResBlock(nn.Module):
@@ -60,6 +74,14 @@ class MedusaHeads(DrafterBase):
         super().__init__()
         self.cfg = cfg
         self.hidden_size, self.vocab_size = hidden_size, vocab_size
+        dv = cfg.draft_vocab_size
+        self.truncated = 0 < dv < vocab_size
+        self.draft_vocab_size = dv if self.truncated else vocab_size
+        if (
+            self.truncated
+        ):  # draft id -> target id; the real map comes from init_from_data (or the checkpoint)
+            self.register_buffer("token_map", torch.arange(dv))
+        self._rows = RowCache()  # the shared lm_head's token_map rows (not state: never saved)
         # one list comprehension per head and per block: never `[ResBlock(h)] * n` (that shares weights)
         self.blocks = nn.ModuleList(
             nn.Sequential(*[ResBlock(hidden_size) for _ in range(cfg.num_layers)])
@@ -68,26 +90,52 @@ class MedusaHeads(DrafterBase):
         self.lm_heads = (
             None
             if cfg.share_lm_head
-            else nn.ModuleList(nn.Linear(hidden_size, vocab_size, bias=False) for _ in range(cfg.num_heads))
+            else nn.ModuleList(
+                nn.Linear(hidden_size, self.draft_vocab_size, bias=False) for _ in range(cfg.num_heads)
+            )
         )
         self._shared_lm_head: list[nn.Module] = []  # a list so the frozen module is not registered/saved
 
     def attach_lm_head(self, lm_head: nn.Module, init: bool = False) -> None:
-        """Bind the backbone's lm_head: used directly when shared, else copied into each head when `init`."""
+        """Bind the backbone's lm_head: used directly when shared, else copied into each head when `init`
+        (its token_map rows when the draft vocabulary is truncated)."""
         self._shared_lm_head = [lm_head]
         if init and self.lm_heads is not None:
             with torch.no_grad():
+                w = lm_head.weight
+                rows = w[self.token_map.to(w.device)] if self.truncated else w  # (Dv, H)
                 for head in self.lm_heads:
-                    head.weight.copy_(lm_head.weight)
+                    head.weight.copy_(rows)
+
+    def init_from_data(self, dataset) -> dict:
+        """A truncated draft vocabulary: the most frequent labelled tokens of the training data, stored as the
+        token_map buffer (saved with the weights); own heads restart from the frozen lm_head's rows for it.
+        -> stats for the run's data_stats (the coverage lands in the checkpoint's config.json)."""
+        if not self.truncated:
+            return {}
+        token_map, stats = select_from_data(
+            dataset, self.vocab_size, self.draft_vocab_size, self.cfg.min_coverage
+        )
+        with torch.no_grad():
+            self.token_map.copy_(token_map)
+        if self._shared_lm_head:
+            self.attach_lm_head(self._shared_lm_head[0], init=True)
+        return stats
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft ids (any shape) -> target ids (the identity over the full vocabulary)."""
+        return self.token_map[draft_ids] if self.truncated else draft_ids
 
     def head_weight(self, k: int) -> torch.Tensor:
+        """(Dv, H) the vocabulary projection of head k: its own, or the shared lm_head's token_map rows."""
         if self.lm_heads is not None:
             return self.lm_heads[k].weight
         if not self._shared_lm_head:
             raise RuntimeError(
                 "share_lm_head=True but no lm_head attached: call attach_lm_head(backbone.lm_head)"
             )
-        return self._shared_lm_head[0].weight
+        weight = self._shared_lm_head[0].weight
+        return self._rows.get(weight, self.token_map) if self.truncated else weight
 
     def feature_cache(self) -> tuple[tuple[int, ...], str] | None:
         """Offline: the final hidden state only (no aux layers)."""
@@ -102,15 +150,15 @@ class MedusaHeads(DrafterBase):
         return [block(hidden) for block in self.blocks]
 
     def forward(self, hidden: torch.Tensor, labels: torch.Tensor | None = None, depth: int | None = None):
-        """Without labels: hidden (..., H) -> logits (depth, ..., V) of the first `depth` heads (default all),
-        for decoding a few positions. With labels: the training loss (see `loss`); going through forward lets
-        DDP/FSDP hook in."""
+        """Without labels: hidden (..., H) -> logits (depth, ..., Dv) of the first `depth` heads (default all),
+        for decoding a few positions (over draft ids when truncated: `to_target` maps them). With labels: the
+        training loss (see `loss`); going through forward lets DDP/FSDP hook in."""
         if labels is not None:
             return self.loss(hidden, labels)
         h = hidden.to(self.blocks_dtype)
         feats = torch.stack([block(h) for block in self.blocks[:depth]])  # (depth, ..., H)
         # cast the features, never the (V, H) weights: no per-step copy of the vocabulary projection
-        if self.lm_heads is None:  # shared lm_head: one matmul reads the (V, H) weight once, not depth times
+        if self.lm_heads is None:  # shared lm_head: one matmul reads the (Dv, H) weight once, not depth times
             w = self.head_weight(0)
             return feats.to(w.dtype) @ w.T
         return torch.stack([f.to(head.weight.dtype) @ head.weight.T for f, head in zip(feats, self.lm_heads)])
@@ -128,16 +176,24 @@ class MedusaHeads(DrafterBase):
         Returns (weighted summed loss, number of head-0 targets, metrics as summed counts). The caller divides
         by the global head-0 target count (all ranks), so the loss is a per-token mean that does not depend on
         how rows are split across processes.
+
+        Truncated draft vocabulary: a target outside it has no class; its row adds no loss, still counts in
+        head{k}/n (so it is a miss in top-1/top-5 and the rank histogram) and in head{k}/oov.
         """
-        feats, targets, counts = [], [], []
+        to_draft = target_to_draft(self.token_map, self.vocab_size) if self.truncated else None  # (V,)
+        feats, targets, counts, oov = [], [], [], []
         for k, block in enumerate(self.blocks):
             shift = k + 2
             target = labels[:, shift:]  # (B, T-shift)
             valid = target != -100
-            h = hidden[:, :-shift][valid]  # (N_k, H) only rows that have a target
+            counts.append(valid.sum())
+            if to_draft is not None:
+                target = to_draft[target.clamp_min(0)].masked_fill(~valid, -1)  # (B, T-shift) draft ids
+                oov.append((valid & (target < 0)).sum())
+                valid = target >= 0
+            h = hidden[:, :-shift][valid]  # (N_k, H) only rows that have a (draftable) target
             feats.append(block(h.to(self.blocks_dtype)))
             targets.append(target[valid])
-            counts.append(valid.sum())
         full_ranks, chunk = not self.training, self.cfg.loss_chunk
         if self.lm_heads is None:  # one shared projection: every head's rows in one call (cast once)
             segment = torch.cat([torch.full_like(t, k) for k, t in enumerate(targets)])
@@ -161,7 +217,9 @@ class MedusaHeads(DrafterBase):
         for k, n in enumerate(counts):
             metrics[f"head{k}/loss_sum"] = seg_loss[k].detach()
             metrics[f"head{k}/rank_hist"] = hist[k]  # (RANKS,) counts; top-1 = [0]; the rest in eval mode
-            metrics[f"head{k}/n"] = n
+            metrics[f"head{k}/n"] = n  # every target, draftable or not
+            if oov:
+                metrics[f"head{k}/oov"] = oov[k]
         count = counts[0]
         return loss, count, metrics
 

@@ -112,13 +112,14 @@ def build(args, backbone):
         )
     if args.variant in EAGLE_VARIANTS:
         from headstart.models import eagle
+        from headstart.models.draft_vocab import build_vocab_map
 
         if args.variant.startswith("eagle3"):
             cfg = eagle.Eagle3Config(ttt_steps=args.ttt_steps, draft_vocab_size=args.draft_vocab)
             drafter = build_drafter("eagle3", cfg, backbone)
             # any fixed draft vocabulary: the cost is its size
             counts = torch.arange(backbone.vocab_size, 0, -1)
-            drafter.set_vocab_map(*eagle.build_vocab_map(counts, len(drafter.d2t)))
+            drafter.set_vocab_map(*build_vocab_map(counts, len(drafter.d2t)))
         else:
             drafter = build_drafter("eagle", eagle.EagleConfig(), backbone)
         if args.variant.endswith("_naive"):

@@ -45,7 +45,9 @@ class MetricSums:
             n = totals[f"head{k}/n"].clamp_min(1)
             hist = totals[f"head{k}/rank_hist"] / n
             out[f"{prefix}head{k}/loss"] = (totals[f"head{k}/loss_sum"] / n).item()
-            out[f"{prefix}head{k}/top1"] = hist[0].item()
+            out[f"{prefix}head{k}/top1"] = hist[0].item()  # out-of-draft-vocabulary targets are misses
+            if f"head{k}/oov" in totals:  # their share (a truncated draft vocabulary)
+                out[f"{prefix}head{k}/oov"] = (totals[f"head{k}/oov"] / n).item()
             if prefix == "eval/":  # training steps only count top-1 (see linear_cross_entropy's full_ranks)
                 out[f"{prefix}head{k}/top5"] = hist[:5].sum().item()
                 out |= {f"{prefix}head{k}/rank{r}": hist[r].item() for r in range(len(hist))}

@@ -18,6 +18,13 @@
   `bias: true`, q/k/v/o biases. fc's bias b is folded into them exactly: the layer's input is x + b (no input
   norm), so q/k/v gain W b (RoPE is applied after the projection, bias included) and the residual's + b
   becomes o_proj's bias. Loading `eagle` instead fails in vLLM (no parameter for `fc.bias`).
+
+EAGLE-1 over a truncated draft vocabulary (method.draft_vocab_size): neither EAGLE-1 layout can say so. vLLM's
+`EagleLlamaForCausalLM` has no lm_head, d2t or token_map of its own: it drafts through the target's full
+lm_head (and would refuse an unknown `token_map` tensor), and SGLang's EAGLE-1 loader likewise. Both layouts
+are written without the map: served there, the drafter proposes over the full vocabulary (the kept ids' logits
+are exact; the others become draftable, so drafts may differ from the measured ones, and decoding stays
+lossless). The card says so; read_layout rebuilds the full-vocabulary drafter that an engine serves.
 """
 
 from __future__ import annotations
@@ -93,6 +100,8 @@ def to_layout(
         raise ValueError(f"a {'EAGLE-3' if d.v3 else 'EAGLE-1'} drafter cannot be written as {layout!r}")
     tensors = {}
     for name, value in d.state_dict().items():
+        if name == "token_map":  # EAGLE-1's truncated vocabulary: no engine's EAGLE-1 loader reads it
+            continue
         tensors[PREFIX[layout] + name[len("layer.") :] if name.startswith("layer.") else name] = (
             value.detach()
         )
@@ -176,7 +185,7 @@ def read_layout(folder: Path, backbone) -> EagleDrafter:
     return d.to(torch.float32)
 
 
-def eagle_card(meta: dict, layout: str, report: dict | None):
+def eagle_card(meta: dict, layout: str, report: dict | None, truncated: bool = False):
     """The layout's model card: what the drafter is, and how SGLang (EAGLE repo layouts) or vLLM serves it."""
     from headstart.models.export.card import (
         THIS_REPO,
@@ -199,6 +208,15 @@ def eagle_card(meta: dict, layout: str, report: dict | None):
     ]
     if (tau := (meta.get("eval") or {}).get("eval/sim_tau")) is not None:
         about += ["", f"Simulated tau on held-out data (greedy chain, at training time): {tau:.2f}."]
+    if truncated:  # EAGLE-1 over a truncated vocabulary, written without it (see the module docstring)
+        stats = meta["data_stats"]
+        about += ["", (
+            f"Trained over a truncated draft vocabulary of {stats['draft_vocab_size']} tokens (the most frequent"
+            f" labels, {stats['draft_vocab_coverage']:.1%} of the labelled training tokens). EAGLE-1 loaders"
+            " (vLLM, SGLang) have no place for it and draft through the target's full lm_head: the kept tokens'"
+            " logits are exact, every other token can be drafted too, so drafts may differ from the measured"
+            " ones (verification keeps decoding lossless)."
+        )]  # fmt: skip
     if layout in ("eagle3", "eagle"):  # the EAGLE repo's layout, which SGLang loads
         library, serve = "sglang", [
             "With SGLang:", "", "```bash",
@@ -226,6 +244,6 @@ def export(drafter_dir: Path, meta: dict, out: Path, layouts: list[str], report:
     written = []
     for layout in layouts:
         folder = write_layout(drafter, layout, out / layout, base, arch, k)
-        save_card(eagle_card(meta, layout, report), folder)
+        save_card(eagle_card(meta, layout, report, drafter.truncated), folder)
         written.append(folder)
     return written

@@ -8,6 +8,14 @@
   `lm_heads.0.weight`. vLLM's MedusaProposer drafts one token per head it loads, so `num_speculative_tokens`
   must equal the heads served: when the tuner chose a chain of K < num_heads (decoding.json), the folder ships
   only the first K heads (head k drafts position k+1 either way).
+
+A truncated draft vocabulary (method.draft_vocab_size, Dv rows of the shared lm_head) is written for vLLM as
+`truncated_vocab_size: Dv`, the (Dv, H) rows as `lm_heads.0.weight` (`original_lm_head: true`) and `token_map`
+(Dv,) int64 (draft id -> target id); vLLM then drafts the argmax over those ids, as our proposer does. vLLM
+builds per-head lm_heads over the full vocabulary, so heads with their own truncated lm_heads cannot be served
+there: refused. The FasterDecoding layout has no truncation: shared heads are written over the full lm_head
+(the kept ids' logits are exact, but the other ids become draftable too: drafts may differ, decoding stays
+lossless; the card says so); own truncated heads are refused (their other rows were never trained).
 """
 
 from __future__ import annotations
@@ -30,8 +38,21 @@ def _lm_weight(heads: MedusaHeads, h: int) -> torch.Tensor:
     return heads.head_weight(h).detach()
 
 
+def _check_truncation(heads: MedusaHeads, layout: str) -> None:
+    if heads.truncated and heads.lm_heads is not None:
+        raise ValueError(
+            f"these heads have their own lm_heads over a truncated draft vocabulary "
+            f"({heads.draft_vocab_size} of {heads.vocab_size} ids), which the {layout!r} layout cannot hold "
+            "(vLLM truncates only one shared lm_head; the Medusa repo never truncates). Fix: train with "
+            "method.share_lm_head=true, or method.draft_vocab_size=0"
+        )
+
+
 def to_medusa_repo(heads: MedusaHeads, base_model: str) -> tuple[dict, dict[str, torch.Tensor]]:
+    _check_truncation(heads, "medusa")
     cfg = heads.cfg
+    # no truncation in this layout: the shared lm_head's full rows (exact for the kept ids)
+    full = heads._shared_lm_head[0].weight.detach() if heads.truncated else None
     tensors = {}
     for h, block in enumerate(heads.blocks):
         for i, res in enumerate(block):
@@ -39,7 +60,7 @@ def to_medusa_repo(heads: MedusaHeads, base_model: str) -> tuple[dict, dict[str,
             tensors[f"{h}.{i}.linear.bias"] = res.linear.bias.detach()
         # The repo stores one lm_head per head; a shared one is copied per head, since safetensors refuses
         # tensors that share memory.
-        tensors[f"{h}.{cfg.num_layers}.weight"] = _lm_weight(heads, h).clone()
+        tensors[f"{h}.{cfg.num_layers}.weight"] = (full if full is not None else _lm_weight(heads, h)).clone()
     config = {
         "medusa_num_heads": cfg.num_heads,
         "medusa_num_layers": cfg.num_layers,
@@ -52,6 +73,7 @@ def to_medusa_repo(heads: MedusaHeads, base_model: str) -> tuple[dict, dict[str,
 
 def to_vllm(heads: MedusaHeads, base_model: str, num_heads: int = 0) -> tuple[dict, dict[str, torch.Tensor]]:
     """`num_heads`: the first heads to ship (0: all)."""
+    _check_truncation(heads, "vllm")
     cfg = heads.cfg
     k = min(num_heads or cfg.num_heads, cfg.num_heads)
     tensors = {}
@@ -61,7 +83,9 @@ def to_vllm(heads: MedusaHeads, base_model: str, num_heads: int = 0) -> tuple[di
             tensors[f"blocks.{h}.layers.{i}.bias"] = res.linear.bias.detach()
     shared = heads.lm_heads is None
     for h in range(1 if shared else k):
-        tensors[f"lm_heads.{h}.weight"] = _lm_weight(heads, h)
+        tensors[f"lm_heads.{h}.weight"] = _lm_weight(heads, h)  # (Dv, H)
+    if heads.truncated:
+        tensors["token_map"] = heads.token_map.detach().to(torch.int64)  # (Dv,) draft id -> target id
     config = {
         "architectures": ["MedusaModel"],
         "model_type": "medusa",
@@ -71,12 +95,23 @@ def to_vllm(heads: MedusaHeads, base_model: str, num_heads: int = 0) -> tuple[di
         "num_hidden_layers": cfg.num_layers,
         "medusa_fc_bias": True,
         "original_lm_head": shared,
-        "truncated_vocab_size": heads.vocab_size,
+        "truncated_vocab_size": heads.draft_vocab_size,
         "max_paths": 64,
         "topk": 10,
         "base_model_name_or_path": base_model,
     }
     return config, tensors
+
+
+def vllm_engine_args(folder: Path) -> dict:
+    """Extra `vllm.LLM` arguments an exported folder needs. vLLM's Medusa.load_weights registers the loaded
+    `token_map` as a parameter without reporting it loaded, so its strict every-parameter-loaded check
+    (default for unquantized models) refuses every truncated Medusa checkpoint ("Following weights were not
+    initialized from checkpoint: {'token_map'}"); the check is turned off for those folders only."""
+    config = json.loads((Path(folder) / "config.json").read_text())
+    if config.get("truncated_vocab_size", config.get("vocab_size")) < config.get("vocab_size", 0):
+        return {"model_loader_extra_config": {"enable_weights_track": False}}
+    return {}
 
 
 def write_layout(heads: MedusaHeads, layout: str, out: Path, base_model: str, num_heads: int = 0) -> Path:
@@ -113,8 +148,13 @@ def read_layout(folder: Path) -> MedusaHeads:
         tensors = load_file(folder / "medusa_lm_head.safetensors")
         shared = False
         name = {"w": "{h}.{i}.linear.weight", "b": "{h}.{i}.linear.bias", "lm": "{h}." + str(L) + ".weight"}
-    heads = MedusaHeads(MedusaConfig(num_heads=k, num_layers=L), config["hidden_size"], config["vocab_size"])
+    vocab = config["vocab_size"]
+    dv = config.get("truncated_vocab_size", vocab)  # the vLLM layout only; own heads (unshared) rebuilt
+    cfg = MedusaConfig(num_heads=k, num_layers=L, draft_vocab_size=dv if dv < vocab else 0)
+    heads = MedusaHeads(cfg, config["hidden_size"], vocab)
     with torch.no_grad():
+        if heads.truncated:
+            heads.token_map.copy_(tensors["token_map"])
         for h, block in enumerate(heads.blocks):
             for i, res in enumerate(block):
                 res.linear.weight.copy_(tensors[name["w"].format(h=h, i=i)])
@@ -143,6 +183,8 @@ def medusa_card(meta: dict, layout: str, report: dict | None):
     ]
     if acc := meta.get("head_topk_accuracy") or []:
         about += ["", "Held-out top-1 accuracy per head: " + ", ".join(f"{a[0]:.3f}" for a in acc) + "."]
+    if "draft_vocab_coverage" in (meta.get("data_stats") or {}):  # a truncated draft vocabulary
+        about += ["", truncation_note(meta, layout)]
     if layout == "medusa":
         library, serve = "medusa", [
             "With the FasterDecoding/Medusa repository (`pip install medusa-llm`); `config.json` names the base model:",
@@ -157,6 +199,25 @@ def medusa_card(meta: dict, layout: str, report: dict | None):
                       "per head it loads); the `medusa` layout has all of them."]  # fmt: skip
     return model_card(meta, layout=layout, title=f"Medusa heads for {base}", about=about, serve=serve,
                       library=library, report=report, tags=("medusa",))  # fmt: skip
+
+
+def truncation_note(meta: dict, layout: str) -> str:
+    stats = meta["data_stats"]
+    trained = (
+        f"Trained over a truncated draft vocabulary of {stats['draft_vocab_size']} tokens (the most frequent"
+        f" labels, {stats['draft_vocab_coverage']:.1%} of the labelled training tokens)."
+    )
+    if layout == "vllm":
+        return trained + (
+            " vLLM drafts over it (`truncated_vocab_size`, `token_map`), as headstart does; its Medusa loader"
+            " leaves `token_map` off its list of loaded weights, so pass"
+            ' `model_loader_extra_config={"enable_weights_track": False}` to `LLM(...)` or it refuses to start.'
+        )
+    return trained + (
+        " This layout has no truncated vocabulary: the heads are written over the full lm_head, so the logits"
+        " of the kept tokens are exact but every other token can be drafted too; drafts may differ from the"
+        " measured ones (verification keeps decoding lossless)."
+    )
 
 
 def export(drafter_dir: Path, meta: dict, out: Path, layouts: list[str], report: dict | None) -> list[Path]:

@@ -10,13 +10,8 @@ import torch
 
 from headstart.models.checkpoint import build_drafter
 from headstart.models.chunked_ce import linear_soft_cross_entropy
-from headstart.models.eagle_config import (
-    Eagle3Config,
-    EagleConfig,
-    build_vocab_map,
-    resolve_aux_layers,
-    vocab_coverage,
-)
+from headstart.models.draft_vocab import build_vocab_map, vocab_coverage
+from headstart.models.eagle_config import Eagle3Config, EagleConfig, resolve_aux_layers
 from headstart.models.eagle_ttt import smooth_l1_sum, teacher_targets, ttt_mask
 
 

@@ -38,8 +38,9 @@ class MedusaProposer:
         self.hidden = hidden.clone()
 
     def propose(self, context: list[int], sampling: Sampling) -> Draft:
-        logits = self.heads(self.hidden, depth=self.depth)  # (depth, V)
-        candidates = logits.topk(self.topk, dim=-1).indices.view(-1)  # (depth * topk,)
+        logits = self.heads(self.hidden, depth=self.depth)  # (depth, Dv)
+        # draft ids -> target ids (a truncated draft vocabulary): the decoder verifies target tokens
+        candidates = self.heads.to_target(logits.topk(self.topk, dim=-1).indices).view(-1)  # (depth * topk,)
         return Draft(candidates[self.index], self.tree)
 
     def accepted(self, path: list[int], hidden: torch.Tensor) -> None:
