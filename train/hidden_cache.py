@@ -35,6 +35,7 @@ from headstart.models.backbone import DTYPES
 log = logging.getLogger("headstart.train")
 VERSION = 1
 SHARD_BYTES = 1 << 30  # ~1 GiB of hidden states per shard
+BATCH_TOKENS = 8192  # padded tokens per backbone forward while building (inference only: no activations kept)
 MANIFEST = "manifest.json"
 ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}  # safetensors' names
 CHECKED = ("backbone_fingerprint", "dataset_hash", "layers", "dtype", "hidden_size")  # manifest vs job
@@ -86,6 +87,20 @@ def shard_plan(lengths: np.ndarray, row_bytes: int, shard_bytes: int) -> list[li
     return plan
 
 
+def length_batches(lengths: np.ndarray, batch_tokens: int) -> list[list[int]]:
+    """Row indices grouped into forward batches by length (longest first), each padded to at most
+    `batch_tokens` tokens (at least one row): rows of similar length share a batch, so little compute goes to
+    padding and the matmuls are wide -- the features do not depend on batch composition."""
+    order = np.argsort(-lengths, kind="stable").tolist()
+    groups, group = [], []
+    for j in order:
+        if group and (len(group) + 1) * int(lengths[group[0]]) > batch_tokens:
+            groups.append(group)
+            group = []
+        group.append(j)
+    return groups + ([group] if group else [])
+
+
 def _write_json(path: Path, obj: dict) -> None:
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     tmp.write_text(json.dumps(obj, indent=1))
@@ -113,7 +128,7 @@ def build_cache(
     ds: TokenizedDataset,
     folder: Path,
     dtype: str,
-    batch_size: int,
+    batch_tokens: int = BATCH_TOKENS,
     shard_bytes: int = SHARD_BYTES,
     show_progress: bool = True,
 ) -> dict:
@@ -149,17 +164,18 @@ def build_cache(
     )
     for i in todo:
         start, end = manifest["plan"][i]
-        rows = []
-        for s in range(start, end, batch_size):
-            items = [ds[j] for j in range(s, min(s + batch_size, end))]
+        rows: dict[int, torch.Tensor] = {}
+        for group in length_batches(ds.lengths[start:end], batch_tokens):
+            items = [ds[start + j] for j in group]
             batch = collate(items, pad_id)
             ids = batch["input_ids"].to(backbone.device)  # (B, T)
             final, aux = backbone(ids, batch["attention_mask"].to(backbone.device), layers=layers)
             feats = torch.stack([*aux, final], 2).to(DTYPES[dtype]).cpu()  # (B, T, K, H)
-            rows += [feats[b, : len(it["input_ids"])] for b, it in enumerate(items)]  # (T_b, K, H) each
+            for b, (j, it) in enumerate(zip(group, items)):
+                rows[j] = feats[b, : len(it["input_ids"])]  # (T_j, K, H)
             bar.update(len(items))
         tensors = {
-            "hidden": torch.cat(rows),  # (sum T, K, H)
+            "hidden": torch.cat([rows[j] for j in range(end - start)]),  # (sum T, K, H), in row order
             "offsets": torch.from_numpy(ds.offsets[start : end + 1] - ds.offsets[start]),  # (n + 1,)
             "row_ids": torch.from_numpy(ds.row_ids[start:end].copy()),  # (n,)
         }
@@ -260,7 +276,7 @@ def offline_datasets(
     splits: dict[str, TokenizedDataset],
     root: Path,
     dtype: str,
-    batch_size: int,
+    batch_tokens: int = BATCH_TOKENS,
     show_progress: bool = True,
 ) -> tuple[dict[str, CachedHiddenDataset], dict]:
     """Build or reuse the cache of every split under root/<key>; -> the wrapped splits and stats (folder,
@@ -271,7 +287,7 @@ def offline_datasets(
         folder = Path(root) / meta["key"]
         manifest_file = folder / MANIFEST
         reused = manifest_file.is_file() and json.loads(manifest_file.read_text()).get("complete", False)
-        build_cache(backbone, layers, ds, folder, dtype, batch_size, show_progress=show_progress)
+        build_cache(backbone, layers, ds, folder, dtype, batch_tokens, show_progress=show_progress)
         out[split] = CachedHiddenDataset(ds, folder, meta)
         size = out[split].bytes
         stats[split] = {

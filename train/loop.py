@@ -130,7 +130,6 @@ def train(job: JobConfig, resolved: dict) -> Path:
                 loader_sets,
                 Path(job.cache_dir) / "hidden",
                 cache_dtype,
-                t.micro_batch_size,
                 show_progress=acc.is_local_main_process,
             )
         collate_fn = collate_hidden

@@ -22,6 +22,7 @@ from headstart.train.hidden_cache import (
     build_cache,
     cache_meta,
     collate_hidden,
+    length_batches,
     offline_datasets,
 )
 from headstart.train.steps import eagle_step
@@ -73,7 +74,7 @@ def test_cached_batches_equal_online(tmp_path, backbone, method):
     drafter = build_drafter(method, cfg, backbone).eval()
     ds = _dataset()
     sets, stats = offline_datasets(
-        backbone, drafter.aux_layers, {"train": ds}, tmp_path, "float32", batch_size=3, show_progress=False
+        backbone, drafter.aux_layers, {"train": ds}, tmp_path, "float32", batch_tokens=48, show_progress=False
     )
     assert stats["train"]["bytes"] > 0 and not stats["train"]["reused"]
     items = [sets["train"][i] for i in (7, 0, 13, 2)]  # shuffled rows, different lengths: padding differs
@@ -90,29 +91,39 @@ def test_cached_batches_equal_online(tmp_path, backbone, method):
     assert n_c == n_o
 
 
+def test_length_batches_cover_every_row_once_within_the_token_budget():
+    lengths = np.array([5, 300, 17, 16, 9, 120, 16, 400])
+    groups = length_batches(lengths, 64)
+    assert sorted(j for g in groups for j in g) == list(range(len(lengths)))
+    for g in groups:  # longest first: the first row sets the padding; one over-long row goes alone
+        assert lengths[g[0]] == max(lengths[g]) and (len(g) * lengths[g[0]] <= 64 or len(g) == 1)
+    assert [list(lengths[g]) for g in groups][:3] == [[400], [300], [120]]
+    assert [17, 16, 16] in [list(lengths[g]) for g in groups]  # similar lengths share a forward
+
+
 def test_interrupted_build_resumes_then_reuses(tmp_path, backbone):
     ds = _dataset()
     folder = tmp_path / "cache"
     shard_bytes = 4 * 16 * 2 * 64 * 2  # 4 rows of <= 16 tokens, K=2 (aux layer 1 + final), H=64, bf16
     whole = Counting(backbone)
-    build_cache(whole, (1,), ds, tmp_path / "whole", "bfloat16", 4, shard_bytes, show_progress=False)
+    build_cache(whole, (1,), ds, tmp_path / "whole", "bfloat16", 40, shard_bytes, show_progress=False)
     rows0 = np.diff(json.loads((tmp_path / "whole" / "manifest.json").read_text())["plan"][0])[0]
-    calls0 = -(-rows0 // 4)  # batches of 4 rows in shard 0
+    calls0 = len(length_batches(ds.lengths[:rows0], 40))  # forward batches in shard 0
     first = Counting(backbone, fail_after=calls0 + 1)  # fails in the second shard's second batch
     with pytest.raises(RuntimeError, match="interrupted"):
-        build_cache(first, (1,), ds, folder, "bfloat16", 4, shard_bytes, show_progress=False)
+        build_cache(first, (1,), ds, folder, "bfloat16", 40, shard_bytes, show_progress=False)
     manifest = json.loads((folder / "manifest.json").read_text())
     assert list(manifest["shards"]) == ["shard_00000.safetensors"] and not manifest["complete"]
     assert len(manifest["plan"]) >= 3
     assert not list(folder.glob("*.tmp*"))  # nothing half-written left behind
     second = Counting(backbone)
-    done = build_cache(second, (1,), ds, folder, "bfloat16", 4, shard_bytes, show_progress=False)
+    done = build_cache(second, (1,), ds, folder, "bfloat16", 40, shard_bytes, show_progress=False)
     assert done["complete"] and second.calls == whole.calls - calls0  # shard 0 was not recomputed
     for name in done["shards"]:
         for k, v in load_file(folder / name).items():
             assert torch.equal(v, load_file(tmp_path / "whole" / name)[k]), (name, k)
     again = Counting(backbone, fail_after=0)
-    build_cache(again, (1,), ds, folder, "bfloat16", 4, shard_bytes, show_progress=False)
+    build_cache(again, (1,), ds, folder, "bfloat16", 40, shard_bytes, show_progress=False)
     assert again.calls == 0
     meta = cache_meta(backbone, (1,), ds, "bfloat16")
     item = CachedHiddenDataset(ds, folder, meta)[5]
