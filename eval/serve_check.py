@@ -37,7 +37,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--prompts", default=DEFAULT_PROMPTS, help="Spec-Bench style .jsonl (first turns are used)"
     )
-    p.add_argument("--k", type=int, default=3, help="drafts per step (a chain)")
+    p.add_argument(
+        "--k", type=int, default=0, help="drafts per step (a chain); 0: the tuner's K (decoding.json), else 3"
+    )
     p.add_argument("--n", type=int, default=8, help="prompts, spread over the file")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--out", type=Path, help="default: <run>/serve_check")
@@ -53,8 +55,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     out = args.out or drafter.parent / "serve_check"
     try:
-        if args.k < 1 or args.n < 1:
-            raise EvalError("--k and --n must be >= 1")
+        if args.k < 0 or args.n < 1:
+            raise EvalError("--k must be >= 0 (0: the tuner's K, else 3) and --n >= 1")
         questions = [q.turns[0] for q in spread(load_prompts(args.prompts).prompts, args.n)]
         report = serve_check(drafter, questions, out, args.k, args.max_new_tokens)
     except (FileNotFoundError, ValueError, BackboneError, VllmError) as e:

@@ -220,17 +220,20 @@ def write_report(report: dict, out: Path) -> None:
     (out / "serve_check.md").write_text(to_markdown(report))
 
 
-def serve_check(drafter_dir: Path, questions: list[str], out: Path, k: int = 3, max_new: int = 96) -> dict:
+def serve_check(drafter_dir: Path, questions: list[str], out: Path, k: int = 0, max_new: int = 96) -> dict:
     """Export, serve each layout in vLLM, run ours on the first turns `questions` (chat template applied);
-    the report dict, also written to OUT/serve_check.{json,md}."""
+    the report dict, also written to OUT/serve_check.{json,md}. `k`: the chain length; 0: the tuner's K
+    (decoding.json beside the drafter: the exports ship it), else 3."""
     from headstart.eval.engine.decoder import Decoder, build_decoder
     from headstart.eval.engine.proposers import chain_options
     from headstart.eval.prompts import chat_ids
     from headstart.models.backbone import BackboneConfig, load_backbone
-    from headstart.models.checkpoint import LoadedDrafter, load_drafter, read_meta
+    from headstart.models.checkpoint import LoadedDrafter, load_drafter, read_decoding, read_meta
     from headstart.vllm_runner import on_gpu
 
     meta = read_meta(drafter_dir)
+    if not k:  # the K the exports are written for (vLLM Medusa folders ship only that many heads)
+        k = int(((read_decoding(drafter_dir) or {}).get("vllm") or {}).get("num_speculative_tokens") or 3)
     layouts = export_layouts(drafter_dir, meta, out / "export")
     backbone = load_backbone(BackboneConfig(**{**meta["backbone"], "dtype": "bfloat16"}))
     model = served_model(backbone)
