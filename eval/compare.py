@@ -13,25 +13,27 @@ def _fast(report: dict) -> float:
     return (report.get("speedup") or 0.0) if not report.get("speedup_flags") else 0.0
 
 
+def _overall(report: dict) -> dict:
+    keys = ("method", "tau", "speedup", "speedup_ci")
+    return {**{k: report.get(k) for k in keys}, "flags": report.get("speedup_flags", [])}
+
+
 def compare(drafter: dict, baselines: dict[str, dict]) -> dict:
     """drafter / baselines: eval reports (report.json) on the same prompt set -> the side-by-side table."""
+    reports = {"drafter": drafter, **baselines}
     cats = sorted(drafter["categories"])
-    rows = {}
-    for name in cats:
-        row = {"drafter": {k: drafter["categories"][name][k] for k in ("tau", "speedup")}}
-        for b, rep in baselines.items():
-            c = rep["categories"].get(name, {})
-            row[b] = {"tau": c.get("tau"), "speedup": c.get("speedup")}
-        rows[name] = row
+    rows = {
+        cat: {
+            n: {k: rep["categories"].get(cat, {}).get(k) for k in ("tau", "speedup")}
+            for n, rep in reports.items()
+        }
+        for cat in cats
+    }
     wins = {}
     for b in baselines:
         won = [n for n in cats if (rows[n]["drafter"]["speedup"] or 0) >= (rows[n][b]["speedup"] or 0)]
         wins[b] = {"categories": len(won), "of": len(cats), "overall": _fast(drafter) >= _fast(baselines[b])}
-    overall = {"drafter": {"method": drafter["method"], "tau": drafter["tau"], "speedup": drafter["speedup"],
-                           "speedup_ci": drafter.get("speedup_ci"), "flags": drafter.get("speedup_flags", [])}}  # fmt: skip
-    for b, rep in baselines.items():
-        overall[b] = {"method": rep["method"], "tau": rep["tau"], "speedup": rep["speedup"],
-                      "speedup_ci": rep.get("speedup_ci"), "flags": rep.get("speedup_flags", [])}  # fmt: skip
+    overall = {name: _overall(rep) for name, rep in reports.items()}
     return {"overall": overall, "categories": rows, "wins": wins, "temperature": drafter.get("temperature")}
 
 

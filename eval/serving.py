@@ -229,11 +229,12 @@ def serve_check(drafter_dir: Path, questions: list[str], out: Path, k: int = 0, 
     from headstart.eval.prompts import chat_ids
     from headstart.models.backbone import BackboneConfig, load_backbone
     from headstart.models.checkpoint import LoadedDrafter, load_drafter, read_decoding, read_meta
+    from headstart.models.export.card import tuned_k
     from headstart.vllm_runner import on_gpu
 
     meta = read_meta(drafter_dir)
     if not k:  # the K the exports are written for (vLLM Medusa folders ship only that many heads)
-        k = int(((read_decoding(drafter_dir) or {}).get("vllm") or {}).get("num_speculative_tokens") or 3)
+        k = tuned_k({"decoding": read_decoding(drafter_dir)}, 3)
     layouts = export_layouts(drafter_dir, meta, out / "export")
     backbone = load_backbone(BackboneConfig(**{**meta["backbone"], "dtype": "bfloat16"}))
     model = served_model(backbone)

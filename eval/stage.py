@@ -211,8 +211,8 @@ def run(cfg: EvalConfig) -> dict:
         summary, payload = score_run_dir(ev, checkpoints, Path(cfg.checkpoint), out)
     if cfg.baselines:  # beside the drafter (the best one of a run), on the same prompts and backbone
         if "checkpoints" in summary:
-            best = Path(next(e for e in summary["checkpoints"] if e["best"])["checkpoint"])
-            drafter = json.loads((out / best.relative_to(cfg.checkpoint) / "report.json").read_text())
+            entry = next(e for e in summary["checkpoints"] if e["best"])
+            best, drafter = Path(entry["checkpoint"]), json.loads(Path(entry["report"]).read_text())
         else:
             best, drafter = Path(cfg.checkpoint), summary
         reports = {

@@ -13,6 +13,7 @@ from conftest import tiny_backbone
 from safetensors.torch import load_file, save_file
 
 from headstart.data import TokenizedDataset, collate
+from headstart.models import registry
 from headstart.models.checkpoint import build_drafter
 from headstart.models.eagle_config import Eagle3Config, EagleConfig
 from headstart.models.medusa import MedusaConfig
@@ -176,7 +177,7 @@ def test_offline_pipeline_trains_the_online_drafter(tmp_path, method):
     ]
     if method == "eagle3":
         base += ["method=eagle3", "method.draft_vocab_size=48", "method.ttt_steps=2"]
-    script = "train/medusa.py" if method == "medusa" else "train/eagle.py"
+    script = f"train/{registry.get(method).entry}.py"
     run_train([*base, f"run_dir={tmp_path / 'online'}"], script=script)
     offline = [*base, "method.hidden_cache=offline", "method.hidden_cache_dtype=float32"]
     res = run_train([*offline, f"run_dir={tmp_path / 'offline'}"], script=script)
