@@ -1,11 +1,13 @@
 """Serve every exported layout of a drafter in vLLM and hold its acceptance against headstart's decoder.
 
-    ./launch.sh serve-check --checkpoint runs/main-medusa-smollm2 [--prompts FILE] [--k 3] [--n 8]
+    ./launch.sh serve-check --checkpoint runs/main-medusa-smollm2 [--prompts FILE] [--k 3] [--n 8] [--no-baselines]
 
 `--checkpoint` takes a run directory (its drafter/) or a drafter folder. Writes OUT/serve_check.{json,md}
 (default OUT: <run>/serve_check, read by the model card of later exports), the exports it served under
 OUT/export and vLLM's logs under OUT/logs. Exits 1 when a layout does not load in vLLM or vLLM's position-1
-acceptance is below 0.9x ours, 2 on a usage error. Needs the vLLM environment (`./launch.sh vllm-setup`,
+acceptance is below 0.9x ours, 2 on a usage error. Unless `--no-baselines`, prompt lookup runs beside the
+drafter in both engines (vLLM `ngram`, headstart's `prompt_lookup`) and the report compares them overall and by
+category (`--n 22` = 2 prompts per dev category; eval/serve_baselines.py). Needs the vLLM environment (`./launch.sh vllm-setup`,
 which `./launch.sh serve-check` runs on first use). The library code is eval/serving.py.
 """
 
@@ -42,6 +44,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--n", type=int, default=8, help="prompts, spread over the file")
     p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument(
+        "--no-baselines",
+        action="store_true",
+        help="skip prompt lookup (vLLM ngram / ours) beside the drafter",
+    )
     p.add_argument("--out", type=Path, help="default: <run>/serve_check")
     p.add_argument(
         "--threads", type=int, default=1, help="torch threads for headstart's decoder (vLLM sets its own)"
@@ -57,8 +64,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.k < 0 or args.n < 1:
             raise EvalError("--k must be >= 0 (0: the tuner's K, else 3) and --n >= 1")
-        questions = [q.turns[0] for q in spread(load_prompts(args.prompts).prompts, args.n)]
-        report = serve_check(drafter, questions, out, args.k, args.max_new_tokens)
+        chosen = spread(load_prompts(args.prompts).prompts, args.n)
+        categories = None if args.no_baselines else [q.category for q in chosen]
+        report = serve_check(
+            drafter, [q.turns[0] for q in chosen], out, args.k, args.max_new_tokens, categories
+        )
     except (FileNotFoundError, ValueError, BackboneError, VllmError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from headstart.eval import serve_baselines as sb
 from headstart.eval import vllm_counters as vc
 from headstart.models import registry
 from headstart.vllm_runner import VllmEngine, VllmError, engine_spec, served_model
@@ -50,6 +51,7 @@ class EngineRun:
     counters: dict = field(default_factory=dict)
     outputs: list[list[int]] = field(default_factory=list)
     aux_layers: list[int] | None = None  # EAGLE-3: the target layers vLLM captured (from its log)
+    per_prompt: list[tuple[int, float]] = field(default_factory=list)  # (tokens, seconds) per prompt
 
 
 @dataclass
@@ -59,6 +61,7 @@ class OursRun:
     tokens_per_s: float
     outputs: list[list[int]]
     drafts: int = 0  # steps that proposed a position-1 token
+    per_prompt: list[tuple[int, float]] = field(default_factory=list)  # (tokens, seconds) per prompt
 
 
 def export_layouts(drafter_dir: Path, meta: dict, out: Path) -> list[Layout]:
@@ -109,14 +112,15 @@ def run_vllm(
     with engine:
         engine.generate(prompts[:1], 8, stop_token_ids=eos)  # warm-up: first-call costs out of the timing
         before = vc.spec_counters(engine.metrics())
-        outputs, wall, n = [], 0.0, 0
+        outputs, timed = [], []
         for p in prompts:
             reply = engine.generate([p], max_new, stop_token_ids=eos)
             outputs.append(strip_eos(reply["outputs"][0]["token_ids"], set(eos)))
-            wall += reply["time_s"]
-            n += len(reply["outputs"][0]["token_ids"])
+            timed.append((len(reply["outputs"][0]["token_ids"]), reply["time_s"]))
         c = vc.delta(vc.spec_counters(engine.metrics()), before)
+    n, wall = sum(t for t, _ in timed), sum(s for _, s in timed)
     run = EngineRun(True, "", n / wall, engine.startup_s, vc.tau(c), vc.position_rates(c), c, outputs)
+    run.per_prompt = timed
     run.aux_layers = captured_aux_layers(log)
     return run
 
@@ -129,23 +133,24 @@ def captured_aux_layers(log: Path) -> list[int] | None:
 
 
 def run_ours(decoder, prompts: list[list[int]], max_new: int, eos: set[int]) -> OursRun:
-    accepted, proposed, emitted, forwards, outputs = [], [], 0, 0, []
+    accepted, proposed, emitted, forwards, outputs, timed = [], [], 0, 0, [], []
     decoder.generate(prompts[0], 8)  # warm-up
-    t0 = time.perf_counter()
     for p in prompts:
+        t0 = time.perf_counter()
         out = decoder.generate(p, max_new)
+        seconds = time.perf_counter() - t0
         s = out.stats
         outputs.append(strip_eos(out.tokens, eos))
+        timed.append((len(outputs[-1]), seconds))
         emitted, forwards = emitted + sum(s.accepted_per_step), forwards + s.target_forwards
         for acc, counts in ((accepted, s.accepted_by_position), (proposed, s.proposed_by_position)):
             acc.extend([0] * (len(counts) - len(acc)))
             for i, n in enumerate(counts):
                 acc[i] += n
-    wall = time.perf_counter() - t0
-    tokens = sum(len(o) for o in outputs)
+    tokens, wall = sum(t for t, _ in timed), sum(s for _, s in timed)
     rates = [a / p if p else 0.0 for a, p in zip(accepted, proposed)]
     drafts = proposed[0] if proposed else 0
-    return OursRun(emitted / forwards if forwards else 1.0, rates, tokens / wall, outputs, drafts)
+    return OursRun(emitted / forwards if forwards else 1.0, rates, tokens / wall, outputs, drafts, timed)
 
 
 def shortfall_z(ours_rate: float, ours_n: int, their_rate: float, their_n: int) -> float:
@@ -208,6 +213,8 @@ def to_markdown(report: dict) -> str:
             f"{v['tokens_per_s'] / base['vllm_tokens_per_s']:.2f}x | {o['tokens_per_s']:.1f} | "
             f"{base['ours_tokens_per_s']:.1f} | {r['agree_with_ours']}/{report['prompts']} |"
         )
+    if report.get("baselines"):
+        lines += sb.to_markdown(report["baselines"])
     lines += ["", "Result: " + ("PASS" if report["passed"] else "FAIL")]
     lines += [f"- {f}" for f in report["failures"]]
     lines += [f"- note: {n}" for n in report["notes"]]
@@ -220,10 +227,18 @@ def write_report(report: dict, out: Path) -> None:
     (out / "serve_check.md").write_text(to_markdown(report))
 
 
-def serve_check(drafter_dir: Path, questions: list[str], out: Path, k: int = 0, max_new: int = 96) -> dict:
+def serve_check(
+    drafter_dir: Path,
+    questions: list[str],
+    out: Path,
+    k: int = 0,
+    max_new: int = 96,
+    categories: list[str] | None = None,
+) -> dict:
     """Export, serve each layout in vLLM, run ours on the first turns `questions` (chat template applied);
     the report dict, also written to OUT/serve_check.{json,md}. `k`: the chain length; 0: the tuner's K
-    (decoding.json beside the drafter: the exports ship it), else 3."""
+    (decoding.json beside the drafter: the exports ship it), else 3. `categories` (one per question): also
+    run prompt lookup in both engines and compare by category (eval/serve_baselines.py)."""
     from headstart.eval.engine.decoder import Decoder, build_decoder
     from headstart.eval.engine.proposers import chain_options
     from headstart.eval.prompts import chat_ids
@@ -279,6 +294,19 @@ def serve_check(drafter_dir: Path, questions: list[str], out: Path, k: int = 0, 
             notes.append(
                 f"{lay.name}: vLLM tau {run.tau:.3f} vs ours {ours.tau:.3f} (beyond {TAU_TOLERANCE:.0%})"
             )
+    baselines = None
+    served = next((r for r, lay in zip(rows, layouts) if lay.required and r["vllm"]["loaded"]), None)
+    if categories is not None and served is not None:
+        lookup = run_ours(build_decoder("prompt_lookup", backbone), prompts, max_new, set(eos))
+        ngram = run_vllm(model, prompts, max_new, eos, dict(sb.NGRAM_SPEC), out / "logs" / "ngram.log")
+        if not ngram.loaded:
+            raise VllmError(f"vLLM cannot run its ngram proposer: {ngram.error}")
+        name = served["layout"]
+        runs = {f"vllm:{name}": served["vllm"], "vllm:plain": asdict(plain), "vllm:ngram": asdict(ngram),
+                "ours:drafter": asdict(ours), "ours:plain": asdict(ours_plain), "ours:prompt_lookup": asdict(lookup)}  # fmt: skip
+        timed = {key: r["per_prompt"] for key, r in runs.items()}
+        taus = {key: runs[key].get("tau", 1.0) for key in runs}
+        baselines = sb.compare(timed, taus, list(categories), name)
     for row in rows:  # token lists are for agreement only: keep the json small
         row["vllm"].pop("outputs"), row["ours"].pop("outputs")
     report = {
@@ -294,6 +322,7 @@ def serve_check(drafter_dir: Path, questions: list[str], out: Path, k: int = 0, 
             "vllm_equals_ours": agree(plain.outputs, ours_plain.outputs),
         },
         "layouts": rows,
+        "baselines": baselines,
         "failures": failures,
         "notes": notes,
         "passed": not failures,

@@ -1,0 +1,103 @@
+"""The serve check's yardstick: the drafter beside prompt lookup (no training at all) in both engines, overall
+and per prompt category. vLLM's `ngram` proposer and headstart's `prompt_lookup` run the same n-gram search
+(suffix n-grams of 1..3 tokens, 4 drafts), so a drafter is worth serving only where it beats them.
+
+Per-category speedups come from per-prompt (tokens, seconds) at batch size 1: each engine's tokens/s over a
+category's prompts divided by the same engine's plain decoding on them. The engines run one after another
+(vLLM cannot share the process), so a burst of load during one run moves its figures; the check's prompts are
+few (default 8, `--n 22` = 2 per dev category), so treat a category won or lost by a few percent as a tie.
+"""
+
+from __future__ import annotations
+
+from headstart.eval.engine.proposers.prompt_lookup import DRAFT_TOKENS, MAX_NGRAM
+
+# vLLM's ngram proposer with the search of headstart's prompt lookup (eval/engine/proposers/prompt_lookup.py)
+NGRAM_SPEC = {
+    "method": "ngram",
+    "num_speculative_tokens": DRAFT_TOKENS,
+    "prompt_lookup_min": 1,
+    "prompt_lookup_max": MAX_NGRAM,
+}
+TIE = 0.02  # within 2%: a tie (counts as "at least as fast")
+
+
+def rate(timed: list[tuple[int, float]], idx: list[int]) -> float:
+    """tokens / seconds over the prompts `idx` of per-prompt (tokens, seconds)."""
+    tokens, seconds = sum(timed[i][0] for i in idx), sum(timed[i][1] for i in idx)
+    return tokens / seconds if seconds else 0.0
+
+
+def speedups(
+    timed: dict[str, list[tuple[int, float]]], plain: dict[str, str], categories: list[str]
+) -> dict[str, dict[str, float]]:
+    """{run: {"all" and each category: speedup}}: run `name`'s token rate over its engine's plain run
+    (`plain[name]` names it) on the same prompts."""
+    groups = {"all": list(range(len(categories)))}
+    for i, c in enumerate(categories):
+        groups.setdefault(c, []).append(i)
+    out = {}
+    for name, base in plain.items():
+        out[name] = {
+            g: rate(timed[name], idx) / rate(timed[base], idx) if rate(timed[base], idx) else 0.0
+            for g, idx in groups.items()
+        }
+    return out
+
+
+def wins(drafter: dict[str, float], lookup: dict[str, float]) -> tuple[int, int]:
+    """(categories where the drafter is at least as fast as lookup, within TIE; categories)."""
+    cats = [c for c in drafter if c != "all"]
+    return sum(drafter[c] >= lookup[c] * (1 - TIE) for c in cats), len(cats)
+
+
+def compare(timed: dict, taus: dict, categories: list[str], drafter_layout: str) -> dict:
+    """The report's `baselines` entry: speedups of the drafter (its first vLLM layout and ours) and of prompt
+    lookup in each engine, overall and by category, and the categories the drafter wins in each engine."""
+    plain = {
+        f"vllm:{drafter_layout}": "vllm:plain",
+        "vllm:ngram": "vllm:plain",
+        "ours:drafter": "ours:plain",
+        "ours:prompt_lookup": "ours:plain",
+    }
+    sp = speedups(timed, plain, categories)
+    won = {
+        "vllm": wins(sp[f"vllm:{drafter_layout}"], sp["vllm:ngram"]),
+        "ours": wins(sp["ours:drafter"], sp["ours:prompt_lookup"]),
+    }
+    return {
+        "ngram_spec": NGRAM_SPEC,
+        "drafter_layout": drafter_layout,
+        "speedup": sp,
+        "tau": taus,
+        "categories_won": {k: list(v) for k, v in won.items()},
+    }
+
+
+def to_markdown(b: dict) -> list[str]:
+    """report.md lines for the `baselines` entry."""
+    d = f"vllm:{b['drafter_layout']}"
+    cols = [(d, "drafter, vLLM"), ("vllm:ngram", "ngram, vLLM"), ("ours:drafter", "drafter, ours"),
+            ("ours:prompt_lookup", "prompt lookup, ours")]  # fmt: skip
+    sp, tau = b["speedup"], b["tau"]
+    lines = [
+        "",
+        "## Against prompt lookup (no training), same prompts",
+        "",
+        f"vLLM `ngram` ({b['ngram_spec']['num_speculative_tokens']} drafts, n-grams "
+        f"{b['ngram_spec']['prompt_lookup_min']}..{b['ngram_spec']['prompt_lookup_max']}) and headstart's "
+        "prompt lookup (the same search). Speedup over the same engine's plain decoding.",
+        "",
+        "| | " + " | ".join(label for _, label in cols) + " |",
+        "|---|" + "---|" * len(cols),
+        "| tau | " + " | ".join(f"{tau[k]:.2f}" for k, _ in cols) + " |",
+    ]
+    for g in sp[d]:
+        lines.append(f"| {g} | " + " | ".join(f"{sp[k][g]:.2f}x" for k, _ in cols) + " |")
+    (wv, n), (wo, _) = b["categories_won"]["vllm"], b["categories_won"]["ours"]
+    lines += [
+        "",
+        f"Drafter at least as fast as prompt lookup (within {TIE:.0%}): {wv}/{n} categories in vLLM, "
+        f"{wo}/{n} in headstart's decoder.",
+    ]
+    return lines

@@ -1,0 +1,43 @@
+"""The serve check's comparison with prompt lookup (eval/serve_baselines.py): per-category speedups by hand,
+ties, and the markdown it adds to the report."""
+
+from __future__ import annotations
+
+import pytest
+
+from headstart.eval import serve_baselines as sb
+
+CATS = ["math", "math", "rag", "rag"]
+
+
+def _timed():
+    # (tokens, seconds) per prompt: plain runs 10 tok/s everywhere; the drafter doubles math and slows rag;
+    # lookup is 1.5x; in "ours" the drafter is 1.5x on rag only
+    return {
+        "vllm:plain": [(10, 1.0), (20, 2.0), (10, 1.0), (10, 1.0)],
+        "vllm:medusa-vllm": [(10, 0.5), (20, 1.0), (10, 1.25), (10, 1.25)],
+        "vllm:ngram": [(15, 1.0), (15, 1.0), (15, 1.0), (15, 1.0)],
+        "ours:plain": [(10, 1.0)] * 4,
+        "ours:drafter": [(10, 1.0), (10, 1.0), (15, 1.0), (15, 1.0)],
+        "ours:prompt_lookup": [(15, 1.0)] * 3 + [(15.4, 1.0)],
+    }
+
+
+def test_speedups_by_category_by_hand():
+    b = sb.compare(_timed(), {k: 1.0 for k in _timed()}, CATS, "medusa-vllm")
+    sp = b["speedup"]
+    assert sp["vllm:medusa-vllm"]["math"] == pytest.approx(2.0)  # 30 tok in 1.5 s vs 30 in 3 s
+    assert sp["vllm:medusa-vllm"]["rag"] == pytest.approx(0.8)
+    assert sp["vllm:medusa-vllm"]["all"] == pytest.approx((50 / 4.0) / (50 / 5.0))
+    assert sp["vllm:ngram"]["math"] == pytest.approx(1.5)  # 30 tok in 2 s vs 30 in 3 s
+    assert sp["ours:prompt_lookup"]["rag"] == pytest.approx(1.52)
+    assert b["categories_won"]["vllm"] == [1, 2]  # math won, rag lost
+    assert b["categories_won"]["ours"] == [1, 2]  # rag: 1.50 vs 1.52 is a tie (within 2%): won
+
+
+def test_markdown_names_every_run_and_the_wins():
+    b = sb.compare(_timed(), {k: 1.25 for k in _timed()}, CATS, "medusa-vllm")
+    md = "\n".join(sb.to_markdown(b))
+    assert "| math | 2.00x |" in md and "| rag | 0.80x |" in md
+    assert "1/2 categories in vLLM, 1/2 in headstart's decoder" in md
+    assert "`ngram` (4 drafts, n-grams 1..3)" in md
