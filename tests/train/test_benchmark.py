@@ -37,6 +37,7 @@ def test_chunked_and_naive_distill_losses_agree():
     torch.testing.assert_close(grads[0], grads[1])
 
 
+@pytest.mark.slow  # one subprocess per variant and round (~45 s); the losses are checked in-process below
 def test_cli_runs_the_distill_variants_on_tiny(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, "train/benchmark.py", "--backbone", "tiny", "--steps", "1", "--seq-len", "32"]

@@ -166,7 +166,8 @@ def test_reuse_without_backbone_and_mismatch_errors(tmp_path, backbone):
         CachedHiddenDataset(ds, folder, cache_meta(backbone, (), ds, "bfloat16"))
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3", "medusa"])
+# EAGLE-1 reads the same one-feature cache as Medusa through the pipeline (its batches: test_cached_batches_equal_online)
+@pytest.mark.parametrize("method", ["eagle3", "medusa"])
 def test_offline_pipeline_trains_the_online_drafter(tmp_path, method):
     data = write_chat_file(tmp_path / "chat.jsonl")
     short = {"train.max_steps": 4, "train.eval_every": 2, "train.save_every": 4}
