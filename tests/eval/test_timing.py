@@ -157,7 +157,7 @@ def _ok_or_flagged(slowed: dict, clean: dict) -> bool:
     return bool(slowed["speedup_flags"]) or abs(slowed["speedup"] / clean["speedup"] - 1) <= 0.15
 
 
-@pytest.mark.parametrize("delay_s, every", [(0.002, 1), (0.0005, 1), (0.01, 3)])
+@pytest.mark.parametrize("delay_s, every", [(0.002, 1), (0.01, 3)])  # every verify late; one in three
 def test_slowed_side_is_within_15_percent_or_flagged(
     ckpt, prompt_file, tmp_path, monkeypatch, delay_s, every
 ):
