@@ -12,7 +12,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 import headstart.data
-from headstart.eval.engine.proposers import DRAFT, PROPOSERS
+from headstart.eval.engine.proposers import DRAFT, PROPOSERS, TREE_METHODS
 from headstart.eval.timing import TimingConfig
 from headstart.eval.tuner import TunerConfig
 from headstart.models.backbone import DTYPES
@@ -53,6 +53,10 @@ class EvalConfig:
     tree_nodes: int = 0
     topk: int = 0  # eagle: children per expanded node and nodes expanded per level; 0 = 10 on CUDA, 4 on CPU
     tuner: TunerConfig = field(default_factory=TunerConfig)  # tuner.mode=off: the hand-set defaults above
+    # medusa / eagle / eagle3: up to this many prompt-lookup tokens merged into the drafter's tree each step, on
+    # top of the tuner's (or the user's) tree (eval/engine/proposers/lookup_branch.py); 0 = off. The tuner does
+    # not model it: its prediction is for the tree alone
+    lookup_tokens: int = 0
     draft: str = ""  # method=draft: the draft model (Hub id, folder or .gguf), same tokenizer as the target
     warmup: int = 1  # prompts decoded untimed (both paths) before measuring
     # training-free methods scored on the same prompts beside the drafter (e.g. [prompt_lookup]): compare.md
@@ -73,6 +77,13 @@ class EvalConfig:
             raise EvalError(
                 f"tree={self.tree!r} / tree_nodes={self.tree_nodes} / topk={self.topk}: expected tree in '', "
                 "default, chain and tree_nodes, topk >= 0"
+            )
+        if self.lookup_tokens < 0:
+            raise EvalError(f"lookup_tokens={self.lookup_tokens}: must be >= 0 (0 = no prompt-lookup branch)")
+        if self.lookup_tokens and self.method and self.method not in TREE_METHODS:
+            raise EvalError(
+                f"lookup_tokens={self.lookup_tokens} with method={self.method}: the prompt-lookup branch joins the "
+                f"draft tree of {list(TREE_METHODS)}. Fix: lookup_tokens=0"
             )
         if self.limit_per_category < 0 or self.warmup < 0:
             raise EvalError("limit_per_category and warmup must be >= 0 (limit 0 means all prompts)")

@@ -89,6 +89,13 @@ def decoding_lines(d: dict | None) -> list[str]:
         return []
     opts = ", ".join(f"{k}={v}" for k, v in d["options"].items()) or "the decoder's defaults"
     lines = ["", "## Decoding settings", "", f"- {opts} (chosen by: {d['source']})"]
+    if b := d.get("lookup_branch"):
+        steps = max(b["steps"], 1)
+        lines.append(
+            f"- prompt-lookup branch: up to {b['tokens']} tokens merged into the tree (lookup_tokens, the user's; "
+            f"not in the tuner's prediction): added nodes in {b['added'] / steps:.0%} of steps, gave the accepted "
+            f"path in {b['won'] / steps:.0%}"
+        )
     if "predicted_speedup" not in d:
         return lines
     lines += [

@@ -322,10 +322,15 @@ def probe_ids(prompts, backbone, n: int) -> list[list[int]]:
 
 
 def decoding_report(settings: dict, report: dict, new_tokens: float, tol: float = 0.10) -> dict:
-    """The report's `decoding` entry: the settings used and their source (tuner / user / default); with the
-    tuner's, its predicted speedup (steady state, and at this run's mean answer length with the measured
-    prefill) beside the measured one, their ratio, and a flag when they differ by more than `tol`."""
+    """The report's `decoding` entry: the settings used and their source (tuner / user / default), the
+    prompt-lookup branch when on (its size, how often it was used); with the tuner's, its predicted speedup
+    (steady state, and at this run's mean answer length with the measured prefill) beside the measured one,
+    their ratio, and a flag when they differ by more than `tol`."""
     out = {"source": settings["source"], "options": settings["options"]}
+    if settings.get(
+        "lookup_branch"
+    ):  # the user's, on top of the tree (eval/engine/proposers/lookup_branch.py)
+        out["lookup_branch"] = settings["lookup_branch"]
     rec = settings["tuner"]
     if rec is None:
         return out

@@ -29,8 +29,9 @@ from headstart.eval.engine.acceptance import (
     typical_tree,
 )
 from headstart.eval.engine.kv_cache import CacheFullError
-from headstart.eval.engine.proposers import METHODS, PROPOSERS, VANILLA
+from headstart.eval.engine.proposers import METHODS, PROPOSERS, TREE_METHODS, VANILLA
 from headstart.eval.engine.proposers.base import Draft, Proposer, Sampling
+from headstart.eval.engine.proposers.lookup_branch import LookupBranch
 from headstart.eval.engine.runner import ModelRunner
 from headstart.eval.engine.tree import Tree
 from headstart.models.backbone import eos_token_ids
@@ -71,6 +72,8 @@ class Decoder:
     "eagle"/"eagle3", "draft", "prompt_lookup"). The proposer's options (`drafter`, `draft_backbone`, `tree`,
     `tree_nodes`, `topk`, `num_draft_tokens`, `head_accuracy`, `max_ngram`; None = the proposer's default) are
     documented on its `make`; one that the method does not take is refused, not ignored.
+    `lookup_tokens` (medusa, eagle, eagle3; 0 = off) adds up to that many prompt-lookup tokens to the drafter's
+    tree each step (proposers/lookup_branch.py), verified in the same forward.
     `typical=True` (medusa, temperature > 0) uses Medusa's typical acceptance, which is LOSSY. `cuda_graphs`
     (default: True on CUDA) captures each verify width in a CUDA graph; the first generate() of each width pays
     the capture.
@@ -93,6 +96,7 @@ class Decoder:
         max_ngram: int | None = None,
         cuda_graphs: bool | None = None,
         topk: int | None = None,
+        lookup_tokens: int = 0,
     ) -> None:
         if method not in METHODS:
             raise ValueError(f"unknown decoding method {method!r}: expected one of {list(METHODS)}")
@@ -118,6 +122,12 @@ class Decoder:
         self.proposer: Proposer | None = self._make_proposer(
             {k: v for k, v in options.items() if v is not None}
         )
+        if lookup_tokens:
+            if method not in TREE_METHODS:
+                raise ValueError(
+                    f"lookup_tokens applies to methods with a draft tree {list(TREE_METHODS)}, not {method!r}"
+                )
+            self.proposer = LookupBranch(self.proposer, lookup_tokens, self.device)
         self.eos_token_ids = eos_token_ids(backbone)
         self._sync = torch.cuda.synchronize if self.device.type == "cuda" else _no_sync
 

@@ -104,6 +104,29 @@ def test_prompt_lookup_sampling_matches_target(target):
     check_lossless(decoder, target, prompt)
 
 
+def seeded_prompt(target, top: int = 4, rounds: int = 12) -> list[int]:
+    """The prompt: "the cat" after "x x x" for each of its `top` likely next tokens x, the set grown (each seed
+    shifts the distribution) until it holds them all, so lookups after the first token hit and propose x, x."""
+    base = target.tokenizer("the cat")["input_ids"]
+    seen, prompt = [], base
+    for _ in range(rounds):
+        new = [x for x in exact_next(target, [prompt])[0].topk(top).indices.tolist() if x not in seen]
+        if not new:
+            return prompt
+        seen += new
+        prompt = [t for x in seen for t in (x, x, x)] + base
+    raise AssertionError(f"the likely next tokens did not settle in {rounds} rounds")
+
+
+def test_medusa_with_a_lookup_branch_sampling_matches_target(target):
+    """Medusa's tree plus prompt lookup's chain merged as a trie (eval/engine/proposers/lookup_branch.py): the
+    siblings stay distinct point masses, so recursive rejection sampling stays lossless; the branch is taken."""
+    heads = build_drafter("medusa", MedusaConfig(num_heads=2), target)
+    decoder = Decoder(target, "medusa", heads, tree=[[0], [1]], lookup_tokens=2)
+    check_lossless(decoder, target, seeded_prompt(target))
+    assert decoder.proposer.counts["won"] > 0.2 * N_SAMPLES, decoder.proposer.counts
+
+
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
 def test_eagle_dynamic_tree_sampling_matches_target(target, method):
     """EAGLE-2's dynamic tree (top-k candidates of a trained EAGLE-1 / EAGLE-3 drafter, re-ranked) under

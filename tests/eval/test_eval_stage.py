@@ -202,6 +202,7 @@ def test_cli_end_to_end(ckpt, prompt_file, tmp_path):
     [
         (["checkpoint=.", "max_new_token=8"], "max_new_token", 1),  # unknown key: rejected at compose time
         (["checkpoint=.", "temperature=-0.5"], "temperature=-0.5", 2),
+        (["checkpoint=.", "method=draft", "lookup_tokens=4"], "lookup_tokens=4 with method=draft", 2),
         (["checkpoint=/no/such/dir"], "/no/such/dir", 2),
     ],
 )

@@ -168,6 +168,28 @@ def test_eval_uses_the_tuned_settings_and_user_options_win(ckpt, prompts, tmp_pa
         TunerConfig(mode="sometimes")
 
 
+def test_a_lookup_branch_rides_on_the_tuned_tree(ckpt, prompts, tmp_path):
+    """lookup_tokens does not turn the tuner off: the tree is the tuner's, the branch is added on top, and the
+    report's decoding section says so; a method without a tree refuses it in one line."""
+    from headstart.eval.config import EvalConfig, EvalError
+
+    report = _eval(ckpt, prompts, tmp_path / "a", lookup_tokens=3)
+    d, saved = report["decoding"], read_decoding(ckpt)
+    assert d["source"] == "tuner" and d["options"] == saved["decoder_summary"]
+    assert report["timing"]["verify_width"] == saved["decoder_summary"]["verify_width"] + 3
+    branch = d["lookup_branch"]
+    assert branch["tokens"] == 3 and branch["steps"] >= branch["added"] >= branch["won"] >= 0
+    assert branch["steps"] > 0 and report["greedy_matches_vanilla"] == 1.0
+    assert "prompt-lookup branch: up to 3 tokens" in (tmp_path / "a" / "report.md").read_text()
+    assert "lookup_branch" not in _eval(ckpt, prompts, tmp_path / "b")["decoding"]  # off by default
+    for kw, match in [
+        ({"lookup_tokens": -1}, "lookup_tokens=-1"),
+        ({"lookup_tokens": 2, "method": "prompt_lookup"}, "lookup_tokens=2 with method=prompt_lookup"),
+    ]:
+        with pytest.raises(EvalError, match=match):
+            EvalConfig(checkpoint=str(ckpt), **kw)
+
+
 def test_exports_write_the_tuned_k(ckpt, tmp_path):
     from headstart.models.export import export
 

@@ -11,6 +11,9 @@ PROPOSERS = {  # decoding method -> "module:factory" (imported on first use)
     "draft": "headstart.eval.engine.proposers.draft_model:make",
     "prompt_lookup": "headstart.eval.engine.proposers.prompt_lookup:make",
 }
+# methods whose drafts are trees of deterministic candidates (Draft.probs None): a prompt-lookup branch can
+# join their tree (lookup_branch.py); draft-model chains are sampled, prompt lookup is the branch itself
+TREE_METHODS = ("medusa", "eagle", "eagle3")
 DRAFT = "draft"  # a draft LM proposes (method=draft draft=<model>, or a DistillSpec checkpoint's draft)
 VANILLA = (
     "vanilla"  # no proposer: one token per target forward (the baseline every speedup is measured against)
