@@ -1,13 +1,13 @@
 """Serve every exported layout of a drafter in vLLM and hold its acceptance against headstart's decoder.
 
-    ./launch.sh serve-check --checkpoint runs/main-medusa-smollm2 [--prompts FILE] [--k 3] [--n 8] [--no-baselines]
+    ./launch.sh serve-check --checkpoint runs/main-medusa-smollm2 [--prompts FILE] [--k 3] [--n 8 | --per-category 2] [--no-baselines]
 
 `--checkpoint` takes a run directory (its drafter/) or a drafter folder. Writes OUT/serve_check.{json,md}
 (default OUT: <run>/serve_check, read by the model card of later exports), the exports it served under
 OUT/export and vLLM's logs under OUT/logs. Exits 1 when a layout does not load in vLLM or vLLM's position-1
 acceptance is below 0.9x ours, 2 on a usage error. Unless `--no-baselines`, prompt lookup runs beside the
 drafter in both engines (vLLM `ngram`, headstart's `prompt_lookup`) and the report compares them overall and by
-category (`--n 22` = 2 prompts per dev category; eval/serve_baselines.py). Needs the vLLM environment (`./launch.sh vllm-setup`,
+category (`--per-category 2`: the first 2 prompts of every category; eval/serve_baselines.py). Needs the vLLM environment (`./launch.sh vllm-setup`,
 which `./launch.sh serve-check` runs on first use). The library code is eval/serving.py.
 """
 
@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> None:
         "--k", type=int, default=0, help="drafts per step (a chain); 0: the tuner's K (decoding.json), else 3"
     )
     p.add_argument("--n", type=int, default=8, help="prompts, spread over the file")
+    p.add_argument("--per-category", type=int, default=0, help="instead of --n: the first N of each category")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument(
         "--no-baselines",
@@ -62,9 +63,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     out = args.out or drafter.parent / "serve_check"
     try:
-        if args.k < 0 or args.n < 1:
-            raise EvalError("--k must be >= 0 (0: the tuner's K, else 3) and --n >= 1")
-        chosen = spread(load_prompts(args.prompts).prompts, args.n)
+        if args.k < 0 or args.n < 1 or args.per_category < 0:
+            raise EvalError("--k must be >= 0 (0: the tuner's K, else 3), --n >= 1 and --per-category >= 0")
+        if args.per_category:
+            chosen = load_prompts(args.prompts, args.per_category).prompts
+        else:
+            chosen = spread(load_prompts(args.prompts).prompts, args.n)
         categories = None if args.no_baselines else [q.category for q in chosen]
         report = serve_check(
             drafter, [q.turns[0] for q in chosen], out, args.k, args.max_new_tokens, categories
