@@ -36,13 +36,11 @@ def speedups(
     groups = {"all": list(range(len(categories)))}
     for i, c in enumerate(categories):
         groups.setdefault(c, []).append(i)
-    out = {}
-    for name, base in plain.items():
-        out[name] = {
-            g: rate(timed[name], idx) / rate(timed[base], idx) if rate(timed[base], idx) else 0.0
-            for g, idx in groups.items()
-        }
-    return out
+    ratio = lambda a, b: a / b if b else 0.0  # noqa: E731
+    return {
+        name: {g: ratio(rate(timed[name], idx), rate(timed[base], idx)) for g, idx in groups.items()}
+        for name, base in plain.items()
+    }
 
 
 def wins(drafter: dict[str, float], lookup: dict[str, float]) -> tuple[int, int]:

@@ -305,7 +305,7 @@ def serve_check(
         runs = {f"vllm:{name}": served["vllm"], "vllm:plain": asdict(plain), "vllm:ngram": asdict(ngram),
                 "ours:drafter": asdict(ours), "ours:plain": asdict(ours_plain), "ours:prompt_lookup": asdict(lookup)}  # fmt: skip
         timed = {key: r["per_prompt"] for key, r in runs.items()}
-        taus = {key: runs[key].get("tau", 1.0) for key in runs}
+        taus = {key: r["tau"] for key, r in runs.items()}
         baselines = sb.compare(timed, taus, list(categories), name)
     for row in rows:  # token lists are for agreement only: keep the json small
         row["vllm"].pop("outputs"), row["ours"].pop("outputs")

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from headstart.eval.compare import compare, write_compare
 from headstart.eval.config import EvalConfig, EvalError
 from headstart.eval.engine.decoder import Decoder, build_decoder
-from headstart.eval.engine.proposers import DRAFT, PROPOSERS, TREE_METHODS, VANILLA
+from headstart.eval.engine.proposers import DRAFT, PROPOSERS, VANILLA
 from headstart.eval.measure import score_prompts
 from headstart.eval.prompts import PromptSet, chat_ids, load_prompts
 from headstart.eval.report import log_wandb, write_report, write_runs_summary
@@ -98,12 +98,7 @@ class Evaluator:
             ids = probe_ids(self.prompts, backbone, cfg.tuner.probe_prompts)
             tuned = load_or_tune(method, backbone, loaded, ids, cfg.tuner, cfg.timing.threads)
             opts |= tuned["decoder"] if tuned else {}
-        if cfg.lookup_tokens:  # on top of the tree chosen above (the tuner's or the user's)
-            if method not in TREE_METHODS:
-                raise EvalError(
-                    f"lookup_tokens={cfg.lookup_tokens} but method {method} has no draft tree to join "
-                    f"(it needs one of {list(TREE_METHODS)}). Fix: lookup_tokens=0"
-                )
+        if cfg.lookup_tokens:  # on top of the tree chosen above; the decoder refuses a method without a tree
             opts["lookup_tokens"] = cfg.lookup_tokens
         settings = {
             "source": "tuner" if tuned else "user" if user else "default",

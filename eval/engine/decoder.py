@@ -125,7 +125,8 @@ class Decoder:
         if lookup_tokens:
             if method not in TREE_METHODS:
                 raise ValueError(
-                    f"lookup_tokens applies to methods with a draft tree {list(TREE_METHODS)}, not {method!r}"
+                    f"lookup_tokens applies to methods with a draft tree {list(TREE_METHODS)}, not {method!r}. "
+                    "Fix: lookup_tokens=0"
                 )
             self.proposer = LookupBranch(self.proposer, lookup_tokens, self.device)
         self.eos_token_ids = eos_token_ids(backbone)
