@@ -24,7 +24,7 @@ from headstart.data.loading import open_source
 from headstart.data.selfdistill import regenerate
 from headstart.data.sources import Skips, read_rows
 from headstart.models.backbone import BackboneConfig, load_backbone
-from headstart.vllm_runner import VllmEngine, engine_spec, served_model
+from headstart.vllm_runner import VllmEngine, batch_env, engine_spec, served_model
 
 
 def reply_tokens(tokenizer, rows) -> int:
@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> None:
         )
     if "vllm" in results:
         with VllmEngine(
-            engine_spec(served_model(backbone), "bfloat16", args.max_length + args.max_new_tokens)
+            engine_spec(served_model(backbone), "bfloat16", args.max_length + args.max_new_tokens),
+            env=batch_env(),
         ) as e:
             startup = e.startup_s  # one more engine started alone: its start-up, to subtract
         v = results["vllm"]

@@ -33,8 +33,10 @@ class RegenConfig:
     # hf: batched HF generate in this process; vllm: the isolated vLLM engine (./launch.sh vllm-setup), same
     # prompts, stops and sampling; auto: vllm when it is set up and the backbone is a folder it can serve.
     engine: str = "auto"
-    # prompts handed to vLLM at once (it batches them itself); results are appended after each chunk
-    vllm_chunk: int = 64
+    # prompts handed to vLLM at once (it batches them itself); results are appended after each chunk. 256 keeps
+    # the batch full longer than 64 (a chunk's tail runs at low concurrency): +10% tokens/s on a 2-core CPU,
+    # ~1 min of work lost at most on a kill
+    vllm_chunk: int = 256
 
     def __post_init__(self) -> None:
         if self.engine not in REGEN_ENGINES:

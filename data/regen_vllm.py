@@ -10,7 +10,7 @@ request finished on one: `_decode` then sees the same ids the HF path returns.
 from __future__ import annotations
 
 from headstart.data.config import DataError, RegenConfig
-from headstart.vllm_runner import VllmEngine, VllmError, engine_spec, served_model
+from headstart.vllm_runner import VllmEngine, VllmError, batch_env, engine_spec, served_model
 
 DTYPE_NAMES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32"}
 
@@ -38,7 +38,7 @@ class VllmRegen:
             model, DTYPE_NAMES.get(str(backbone.dtype), "bfloat16"), max_length + regen.max_new_tokens
         )
         try:
-            self.engine = VllmEngine(spec)
+            self.engine = VllmEngine(spec, env=batch_env())
         except VllmError as e:  # one line naming the fix, like every data error (train/cli.py)
             raise DataError(f"data.regen.engine=vllm: {e}") from e
 
