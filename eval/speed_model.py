@@ -15,7 +15,15 @@ device; vanilla decoding is the same loop at width 1 without a drafter:
     tokens/s = E / (c(W) + d(setting) + b(W))            speedup = tokens/s * (c(1) + b(1))
 
 (Leviathan et al. 2023, Sec. 3.4, with the drafter's cost kept). Costs between measured widths are linear
-interpolations. Pure functions: no timing happens here (eval/tuner.py measures).
+interpolations.
+
+A prompt-lookup branch merged into the tree (eval/engine/proposers/lookup_branch.py) is modelled from the
+tuner's probe, step by step rather than by a table: each probe step records the ranks along the path the target
+accepted, how many of the lookup chain's tokens it would have accepted, and where the chain ran inside the probe
+tree. For a candidate tree, a step accepts the longer of its own path and the chain (both are root paths of one
+trie), and the chain adds the nodes the tree does not already hold; the gain and the extra width are their means
+over the probe's steps, and the search's cost is added to the drafter's. Pure functions: no timing happens here
+(eval/tuner.py measures).
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from headstart.eval.engine.proposers.base import Setting
-from headstart.eval.engine.tree import Tree
+from headstart.eval.engine.tree import Tree, tree_paths
 
 
 @dataclass
@@ -43,8 +51,8 @@ class Costs:
         xs = sorted(table)
         return float(np.interp(width, xs, [table[x] for x in xs]))
 
-    def step(self, setting: Setting) -> float:
-        w = setting.tree.size
+    def step(self, setting: Setting, width: float = 0.0) -> float:
+        w = width or setting.tree.size
         return self._at(self.verify, w) + self.draft[setting.draft_key] + self._at(self.bookkeeping, w)
 
     def vanilla_step(self) -> float:
@@ -95,20 +103,72 @@ def expected_tokens(tree: Tree, acc: list[list[float]]) -> float:
     return 1.0 + sum(reach[1:])
 
 
-def predict(setting: Setting, acc: list[list[float]], costs: Costs) -> dict:
-    """The setting's expected tokens per step, seconds per step, tokens/s and speedup over vanilla."""
-    e, step = expected_tokens(setting.tree, acc), costs.step(setting)
+@dataclass(frozen=True)
+class LookupStep:
+    """One probe step as a prompt-lookup branch would have seen it: the ranks of the nodes on the path the
+    target accepted (root excluded), how many of the lookup chain's tokens it would have accepted, the ranks of
+    the chain's leading tokens that the probe tree also held (the trie they would share), the chain's length
+    (0: no n-gram matched)."""
+
+    accepted: tuple[int, ...]
+    lookup_accepted: int
+    chain_in_tree: tuple[int, ...]
+    chain_len: int
+
+
+@dataclass
+class Branch:
+    """A lookup branch to model: the probe's steps and the search's seconds per step."""
+
+    steps: list[LookupStep]
+    search_s: float
+
+
+def branch_effect(tree: Tree, steps: list[LookupStep]) -> tuple[float, float]:
+    """(extra tokens accepted per step, extra verify nodes per step) that a lookup branch gives `tree`, averaged
+    over the probe's steps."""
+    if not steps:
+        return 0.0, 0.0
+    paths = {tuple(p) for p in tree_paths(tree)}
+
+    def inside(ranks: tuple[int, ...]) -> int:  # how deep the rank sequence runs inside the tree
+        n = 0
+        while n < len(ranks) and ranks[: n + 1] in paths:
+            n += 1
+        return n
+
+    gain = added = 0
+    for s in steps:
+        own = inside(s.accepted)
+        gain += max(own, s.lookup_accepted) - own
+        added += s.chain_len - inside(s.chain_in_tree) if s.chain_len else 0
+    return gain / len(steps), added / len(steps)
+
+
+def predict(setting: Setting, acc: list[list[float]], costs: Costs, branch: Branch | None = None) -> dict:
+    """The setting's expected tokens per step, seconds per step, tokens/s and speedup over vanilla (with a
+    lookup branch on top when given)."""
+    e, extra = expected_tokens(setting.tree, acc), {}
+    width, search = float(setting.tree.size), 0.0
+    if branch is not None:
+        gain, added = branch_effect(setting.tree, branch.steps)
+        e, width, search = e + gain, width + added, branch.search_s
+        extra = {"lookup_gain": gain, "lookup_nodes": added}
+    step = costs.step(setting, width) + search
     return {
         "tokens_per_step": e,
         "step_ms": 1000 * step,
         "tokens_per_s": e / step,
         "speedup": e / step * costs.vanilla_step(),
+        **extra,
     }
 
 
-def rank(settings: list[Setting], acc: list[list[float]], costs: Costs) -> list[tuple[Setting, dict]]:
+def rank(
+    settings: list[Setting], acc: list[list[float]], costs: Costs, branch: Branch | None = None
+) -> list[tuple[Setting, dict]]:
     """(setting, prediction) pairs, fastest first (ties: the smaller verify width, then the listed order)."""
-    scored = [(s, predict(s, acc, costs)) for s in settings]
+    scored = [(s, predict(s, acc, costs, branch)) for s in settings]
     order = sorted(
         range(len(scored)), key=lambda i: (-scored[i][1]["tokens_per_s"], scored[i][0].tree.size, i)
     )

@@ -96,9 +96,11 @@ class Evaluator:
         tuned = None
         if loaded is not None and not user:
             ids = probe_ids(self.prompts, backbone, cfg.tuner.probe_prompts)
-            tuned = load_or_tune(method, backbone, loaded, ids, cfg.tuner, cfg.timing.threads)
+            tuned = load_or_tune(
+                method, backbone, loaded, ids, cfg.tuner, cfg.timing.threads, cfg.lookup_tokens
+            )
             opts |= tuned["decoder"] if tuned else {}
-        if cfg.lookup_tokens:  # on top of the tree chosen above; the decoder refuses a method without a tree
+        if cfg.lookup_tokens:  # on the tree chosen above (for it); the decoder refuses a method without a tree
             opts["lookup_tokens"] = cfg.lookup_tokens
         settings = {
             "source": "tuner" if tuned else "user" if user else "default",

@@ -1,6 +1,7 @@
 """Choose a checkpoint's decoding settings from measured cost, alone (the eval stage does it on first use):
 
     python eval/tune.py --checkpoint runs/<run>/drafter [--device cpu] [--dtype bfloat16] [--force]
+        [--lookup-tokens N]   # choose the tree for a decoder carrying an N-token prompt-lookup branch
     ./launch.sh tune --checkpoint runs/<run>          # a run folder: its drafter/
 
 Prints the measured costs, the chosen tree and vLLM's K with their predicted speedups, and writes
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, help="write decoding.json here instead of beside the checkpoint")
     p.add_argument("--probe-prompts", type=int, default=TunerConfig.probe_prompts)
     p.add_argument("--reps", type=int, default=TunerConfig.reps)
+    p.add_argument("--lookup-tokens", type=int, default=0, help="the eval's lookup_tokens (0: no branch)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with exit_on_user_error():
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         ids = probe_ids(load_prompts(args.prompts, 0), backbone, cfg.probe_prompts)
         method = registry.get(meta["method"]).proposer
-        record = load_or_tune(method, backbone, loaded, ids, cfg, args.threads)
+        record = load_or_tune(method, backbone, loaded, ids, cfg, args.threads, args.lookup_tokens)
         if record is None:
             raise ValueError(
                 f"{ckpt} holds a {meta['method']} drafter, whose decoder ({method}) the tuner has no model of"
@@ -72,6 +74,12 @@ def summary(record: dict) -> str:
     c = record["costs_s"]
     ms = lambda t: ", ".join(f"{k}: {1000 * v:.2f}" for k, v in t.items())  # noqa: E731
     pred, v = record["predicted"], record["vllm"]
+    branch = (
+        f" (lookup branch of {record['lookup_tokens']}: +{pred['lookup_gain']:.3f} tokens, "
+        f"+{pred['lookup_nodes']:.2f} nodes per step)"
+        if record.get("lookup_tokens")
+        else ""
+    )
     return "\n".join([
         f"verify ms by width: {ms(c['verify'])}",
         f"drafter ms by setting: {ms(c['draft'])}",
@@ -79,7 +87,7 @@ def summary(record: dict) -> str:
         f"acceptance ({record['acceptance']['source']}): "
         + json.dumps([[round(a, 3) for a in row[:4]] for row in record["acceptance"]["table"]]),
         f"decoder: {record['decoder_summary']}: tau {pred['tokens_per_step']:.3f}, {pred['tokens_per_s']:.1f} "
-        f"tokens/s vs vanilla {pred['vanilla_tokens_per_s']:.1f}, predicted speedup {pred['speedup']:.3f}x",
+        f"tokens/s vs vanilla {pred['vanilla_tokens_per_s']:.1f}, predicted speedup {pred['speedup']:.3f}x{branch}",
         f"vLLM: num_speculative_tokens {v['num_speculative_tokens']} (tau {v['tokens_per_step']:.3f}, "
         f"predicted speedup {v['speedup']:.3f}x with this device's costs)",
         f"({record['conditions']['device']}, {record['conditions']['dtype']}, "

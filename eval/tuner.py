@@ -23,13 +23,15 @@ import torch
 from headstart.eval.bounds import step_costs
 from headstart.eval.engine.decoder import Decoder, build_decoder
 from headstart.eval.engine.proposers import VANILLA, tuning
+from headstart.eval.engine.proposers.prompt_lookup import MAX_NGRAM, find_candidates
 from headstart.eval.engine.tree import Tree, chain_tree
-from headstart.eval.speed_model import Costs, non_decreasing, rank, speedup_at
+from headstart.eval.speed_model import Branch, Costs, LookupStep, non_decreasing, rank, speedup_at
 from headstart.eval.timing import choose_threads
 from headstart.models.checkpoint import LoadedDrafter, read_decoding, weights_signature, write_decoding
 
 log = logging.getLogger("headstart.eval")
-VERSION = 1
+VERSION = 2  # 2: records the lookup branch the tree was chosen for
+LOOKUP_KEY = "lookup search"  # the branch's cost, timed beside the drafter's settings
 WIDTHS = (
     1,
     2,
@@ -120,23 +122,69 @@ def acceptance_table(
 
 
 class _Recorder:
-    """A proposer wrapper that keeps every (tree, accepted path) of a decode."""
+    """A proposer wrapper that keeps every (tree, accepted path) of a decode, grouped by prompt (`start`), and,
+    for a lookup branch of `lookup_tokens`, each step's draft tokens, the lookup chain and the context length."""
 
-    def __init__(self, proposer) -> None:
-        self.inner, self.width, self.steps, self._tree = proposer, proposer.width, [], None
+    def __init__(self, proposer, lookup_tokens: int = 0) -> None:
+        self.inner, self.width, self.k = proposer, proposer.width, lookup_tokens
+        self.groups: list[list[tuple]] = []
+        self._step = None
+
+    @property
+    def steps(self) -> list[tuple]:
+        return [s for g in self.groups for s in g]
 
     def start(self, prompt, hidden) -> None:
+        self.groups.append([])
         self.inner.start(prompt, hidden)
 
     def propose(self, context, sampling):
         draft = self.inner.propose(context, sampling)
-        self._tree = None if draft is None else draft.tree
+        self._step = None
+        if draft is not None:
+            chain = find_candidates(torch.tensor(context), MAX_NGRAM, self.k) if self.k else []
+            self._step = (draft.tree, draft.tokens.tolist(), chain, len(context))
         return draft
 
     def accepted(self, path, hidden) -> None:
-        if self._tree is not None:
-            self.steps.append((self._tree, list(path)))
+        if self._step is not None:
+            tree, tokens, chain, at = self._step
+            self.groups[-1].append((tree, list(path), tokens, chain, at))
         self.inner.accepted(path, hidden)
+
+
+def node_ranks(tree: Tree) -> list[int]:
+    """Each node's rank (count_path's rule): its top-k rank when the tree has them, else its order among its
+    siblings."""
+    if len(tree.ranks) == tree.size:
+        return list(tree.ranks)
+    ranks, seen = [0] * tree.size, {}
+    for i in range(1, tree.size):
+        ranks[i] = seen.get(tree.parents[i], 0)
+        seen[tree.parents[i]] = ranks[i] + 1
+    return ranks
+
+
+def lookup_steps(groups: list[list[tuple]], sequences: list[list[int]]) -> list[LookupStep]:
+    """The probe's steps as a lookup branch would have seen them, given each prompt's greedy prompt + answer
+    (what the target accepts: a chain token is accepted when it equals the answer's token at its position)."""
+    out = []
+    for group, seq in zip(groups, sequences, strict=True):
+        for tree, path, tokens, chain, at in group:
+            ranks = node_ranks(tree)
+            answer = seq[at:]
+            n = 0
+            while n < len(chain) and n < len(answer) and chain[n] == answer[n]:
+                n += 1
+            children = {(tree.parents[i], tokens[i - 1]): i for i in range(tree.size - 1, 0, -1)}
+            node, shared = 0, []
+            for token in chain:  # the trie walk of lookup_branch.merge_chain
+                node = children.get((node, token))
+                if node is None:
+                    break
+                shared.append(ranks[node])
+            out.append(LookupStep(tuple(ranks[i] for i in path[1:]), n, tuple(shared), len(chain)))
+    return out
 
 
 # ---------------------------------------------------------------- measuring
@@ -162,21 +210,28 @@ def time_calls(calls: dict, reps: int, device: torch.device) -> dict[str, float]
     return {n: float(np.median(t)) for n, t in times.items()}
 
 
-def _decode(decoder: Decoder, prompts: list[list[int]], new_tokens: int) -> tuple[float, float, list[int]]:
-    """Greedy decodes without EOS stops -> (bookkeeping s per step, prefill s of the first, its prompt + answer)."""
-    book, steps, prefill, context = 0.0, 0, 0.0, []
+def _decode(
+    decoder: Decoder, prompts: list[list[int]], new_tokens: int
+) -> tuple[float, float, list[list[int]]]:
+    """Greedy decodes without EOS stops, after one warm-up decode of the first prompt -> (bookkeeping s per
+    step, prefill s of the first, each prompt + its answer)."""
+    book, steps, prefill, sequences = 0.0, 0, 0.0, []
     decoder.generate(prompts[0], 8, eos_token_ids=[])  # warm-up
     for i, ids in enumerate(prompts):
         out = decoder.generate(ids, new_tokens, eos_token_ids=[])
         book, steps = book + out.stats.time_s["bookkeeping"], steps + out.stats.target_forwards
         if i == 0:
-            prefill, context = out.stats.time_s["prefill"], ids + out.tokens
-    return book / max(steps, 1), prefill, context
+            prefill = out.stats.time_s["prefill"]
+        sequences.append(ids + out.tokens)
+    return book / max(steps, 1), prefill, sequences
 
 
-def measure(method: str, backbone, loaded: LoadedDrafter, prompts: list[list[int]], cfg: TunerConfig, hooks):
+def measure(
+    method: str, backbone, loaded: LoadedDrafter, prompts: list[list[int]], cfg: TunerConfig, hooks, lookup: int = 0
+):
     """-> (costs without the drafter's, measured acceptance table, the probe's description, a prompt + answer
-    to time steps after, the widest verify forward considered)."""
+    to time steps after, the widest verify forward considered, the probe's steps as a lookup branch of `lookup`
+    tokens would have seen them (empty when 0))."""
     cache = max(len(p) for p in prompts) + cfg.probe_tokens + 512
     cuda = backbone.device.type == "cuda"
     vanilla = Decoder(backbone, VANILLA, max_cache_len=cache)
@@ -185,10 +240,12 @@ def measure(method: str, backbone, loaded: LoadedDrafter, prompts: list[list[int
     b_default, _, _ = _decode(default, prompts[:1], cfg.probe_tokens)
     probe_opts = hooks.probe(cuda)
     probe = build_decoder(method, backbone, loaded, max_cache_len=cache, **probe_opts)
-    probe.proposer = recorder = _Recorder(probe.proposer)
-    b_probe, _, context = _decode(probe, prompts, cfg.probe_tokens)
+    probe.proposer = recorder = _Recorder(probe.proposer, lookup)
+    b_probe, _, sequences = _decode(probe, prompts, cfg.probe_tokens)
+    context = sequences[0]
+    branch = lookup_steps(recorder.groups[1:], sequences) if lookup else []  # groups[0]: the warm-up
     hits, trials = [], []
-    for tree, path in recorder.steps:
+    for tree, path, *_ in recorder.steps:
         count_path(tree, path, hits, trials)
     ranks = max((len(h) for h in hits), default=1)
     measured = acceptance_table(hits, trials, cfg.min_trials, ranks)
@@ -203,20 +260,26 @@ def measure(method: str, backbone, loaded: LoadedDrafter, prompts: list[list[int
     verify = non_decreasing(raw)
     costs = Costs(verify=verify, draft={}, bookkeeping=book, prefill=prefill)
     probe_info["verify_s_as_timed"] = {str(w): t for w, t in raw.items()}  # before the non-decreasing fit
-    return costs, measured, probe_info, context, max_width
+    return costs, measured, probe_info, context, max_width, branch
 
 
 def tune(
-    method: str, backbone, loaded: LoadedDrafter, prompts: list[list[int]], cfg: TunerConfig
+    method: str, backbone, loaded: LoadedDrafter, prompts: list[list[int]], cfg: TunerConfig, lookup_tokens: int = 0
 ) -> dict | None:
     """Measure and choose -> the decoding record (what decoding.json holds), None when the proposer has no
-    tuning hooks. Runs under the caller's thread count."""
+    tuning hooks. With `lookup_tokens`, the tree is chosen for the decoder that carries a prompt-lookup branch
+    of that many tokens (eval/speed_model.py models it); vLLM's chain never has one. Runs under the caller's
+    thread count."""
+    if lookup_tokens < 0:
+        raise ValueError(f"lookup_tokens={lookup_tokens}: must be >= 0 (0 = no lookup branch)")
     served = {k: v for k, v in loaded.drafter.serving(backbone, loaded.meta).items() if v is not None}
     hooks = tuning(method, backbone, **served)
     if hooks is None:
         return None
     t0 = time.perf_counter()
-    costs, measured, probe, context, max_width = measure(method, backbone, loaded, prompts, cfg, hooks)
+    costs, measured, probe, context, max_width, steps = measure(
+        method, backbone, loaded, prompts, cfg, hooks, lookup_tokens
+    )
     table = hooks.table() if cfg.acceptance == "auto" else None
     acc, source = (table, "checkpoint") if table else (measured, "measured")
     if not acc:
@@ -228,16 +291,20 @@ def tune(
     settings = hooks.settings(acc, max_width)
     chains = [hooks.chain(k) for k in range(1, min(hooks.max_chain, len(acc)) + 1)]
     keys = {s.draft_key for s in settings + chains}
-    costs.draft = time_calls(
-        hooks.draft_steps(backbone, keys, context[: len(prompts[0])]), cfg.reps, backbone.device
-    )
-    ranked, ranked_k = rank(settings, acc, costs), rank(chains, acc, costs)
+    calls = hooks.draft_steps(backbone, keys, context[: len(prompts[0])])
+    if lookup_tokens:  # the branch's n-gram search, once per step
+        ids = torch.tensor(context)
+        calls[LOOKUP_KEY] = lambda: find_candidates(ids, MAX_NGRAM, lookup_tokens)
+    costs.draft = time_calls(calls, cfg.reps, backbone.device)
+    branch = Branch(steps, costs.draft.pop(LOOKUP_KEY)) if lookup_tokens else None
+    ranked, ranked_k = rank(settings, acc, costs, branch), rank(chains, acc, costs)
     best, pred = ranked[0]
     chain, chain_pred = ranked_k[0]
     summary = {"verify_width": best.tree.size, "depth": best.tree.max_depth, "nodes": best.tree.size - 1}
     return {
         "version": VERSION,
         "method": method,
+        "lookup_tokens": lookup_tokens,
         "decoder": best.options,
         "decoder_summary": summary | {k: v for k, v in best.options.items() if k != "tree"},
         "predicted": {
@@ -250,8 +317,9 @@ def tune(
             {"summary": {k: v for k, v in s.options.items() if k != "tree"} | {"width": s.tree.size}, **p}
             for s, p in ranked[:5]
         ],  # fmt: skip
-        "acceptance": {"source": source, "table": acc, "measured": measured, "probe": probe},
-        "costs_s": costs.to_json(),
+        "acceptance": {"source": source, "table": acc, "measured": measured, "probe": probe}
+        | ({"lookup_steps": len(steps)} if lookup_tokens else {}),
+        "costs_s": costs.to_json() | ({"lookup_search": branch.search_s} if branch else {}),
         "conditions": conditions(backbone, loaded),
         "seconds": time.perf_counter() - t0,
     }
@@ -272,18 +340,25 @@ def conditions(backbone, loaded: LoadedDrafter) -> dict:
     }
 
 
-def matches(record: dict, backbone, loaded: LoadedDrafter) -> bool:
+def matches(record: dict, backbone, loaded: LoadedDrafter, lookup_tokens: int = 0) -> bool:
     now, then = conditions(backbone, loaded), record.get("conditions", {})
     keys = ("device", "device_name", "dtype", "threads", "weights")
-    return record.get("version") == VERSION and all(then.get(k) == now[k] for k in keys)
+    same = record.get("version") == VERSION and record.get("lookup_tokens", 0) == lookup_tokens
+    return same and all(then.get(k) == now[k] for k in keys)
 
 
 def load_or_tune(
-    method: str, backbone, loaded: LoadedDrafter, prompts: list[list[int]], cfg: TunerConfig, threads: int = 0
+    method: str,
+    backbone,
+    loaded: LoadedDrafter,
+    prompts: list[list[int]],
+    cfg: TunerConfig,
+    threads: int = 0,
+    lookup_tokens: int = 0,
 ) -> dict | None:
-    """The checkpoint's decoding.json when it was measured under these conditions (mode auto), else a fresh
-    tuning written there (a read-only folder: kept in memory, with a warning). CPU: under `threads` threads
-    (0: the cores free now), the count the eval runs with."""
+    """The checkpoint's decoding.json when it was measured under these conditions and for this lookup branch
+    (mode auto), else a fresh tuning written there (a read-only folder: kept in memory, with a warning). CPU:
+    under `threads` threads (0: the cores free now), the count the eval runs with."""
     if cfg.mode == "off":
         return None
     before = torch.get_num_threads()
@@ -292,11 +367,11 @@ def load_or_tune(
             torch.set_num_threads(choose_threads(threads))
         ckpt = loaded.path
         record = read_decoding(ckpt) if ckpt and cfg.mode == "auto" else None
-        if record and matches(record, backbone, loaded):
+        if record and matches(record, backbone, loaded, lookup_tokens):
             log.info("decoding settings from %s/decoding.json: %s", ckpt, record["decoder_summary"])
             return {**record, "reused": True}
         log.info("tuning decoding settings for %s on %s (%s)", ckpt, backbone.device, method)
-        record = tune(method, backbone, loaded, prompts, cfg)
+        record = tune(method, backbone, loaded, prompts, cfg, lookup_tokens)
         if record is None:
             return None
         if ckpt:
@@ -352,4 +427,5 @@ def decoding_report(settings: dict, report: dict, new_tokens: float, tol: float 
         else f"measured/predicted = {ratio:.3f} (off by > {tol:.0%})",
         "vllm_num_speculative_tokens": rec["vllm"]["num_speculative_tokens"],
         "acceptance_source": rec["acceptance"]["source"],
+        "tuned_for_lookup": rec.get("lookup_tokens", 0),
     }

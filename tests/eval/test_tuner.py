@@ -12,8 +12,18 @@ import pytest
 from headstart.eval.engine.proposers.base import Setting
 from headstart.eval.engine.proposers.medusa import MedusaTuning
 from headstart.eval.engine.tree import Tree, chain_tree, tree_from_paths
-from headstart.eval.speed_model import Costs, expected_tokens, non_decreasing, predict, rank, speedup_at
-from headstart.eval.tuner import acceptance_table, count_path
+from headstart.eval.speed_model import (
+    Branch,
+    Costs,
+    LookupStep,
+    branch_effect,
+    expected_tokens,
+    non_decreasing,
+    predict,
+    rank,
+    speedup_at,
+)
+from headstart.eval.tuner import acceptance_table, count_path, lookup_steps
 from headstart.models.checkpoint import DECODING_NAME, read_decoding, write_decoding
 from headstart.models.medusa import MedusaConfig, MedusaHeads
 
@@ -86,6 +96,38 @@ def test_count_path_records_rank_by_depth():
     hits, trials = [], []
     count_path(medusa, [0, 2], hits, trials)
     assert hits == [[0, 0, 1]] and trials == [1]
+
+
+# a step whose accepted path ran (0, 0) while lookup would have given 1 token, its 3-token chain sharing the
+# rank-0 first node; one where the drafter's rank-1 first node won and lookup would have given all 3 (sharing
+# nothing); one with no n-gram match
+STEPS = [LookupStep((0, 0), 1, (0,), 3), LookupStep((1,), 3, (), 3), LookupStep((), 0, (), 0)]
+
+
+def test_a_lookup_branch_adds_the_longer_path_and_the_nodes_a_tree_lacks():
+    chain2, siblings = tree_from_paths([[0], [0, 0]]), tree_from_paths([[0], [1]])
+    # chain2 holds (0, 0) but not (1,): +0 and +3 tokens; adds 3 - 1 and 3 nodes
+    assert branch_effect(chain2, STEPS) == pytest.approx((1.0, 5 / 3))
+    # siblings holds (0,) and (1,): its own paths are 1 and 1 long -> +0 and +2
+    assert branch_effect(siblings, STEPS) == pytest.approx((2 / 3, 5 / 3))
+    assert branch_effect(chain2, []) == (0.0, 0.0)
+    costs = Costs(verify={1: 1.0, 3: 1.0, 8: 2.0}, draft={"d": 0.0}, bookkeeping={1: 0.0})
+    plain = predict(Setting({}, chain2, "d"), [[0.5], [0.5]], costs)
+    with_branch = predict(Setting({}, chain2, "d"), [[0.5], [0.5]], costs, Branch(STEPS, search_s=0.1))
+    assert with_branch["tokens_per_step"] == pytest.approx(plain["tokens_per_step"] + 1.0)
+    # verify at width 3 + 5/3 (interpolated between 3 and 8) plus the search
+    assert with_branch["step_ms"] == pytest.approx(1000 * (1.0 + (5 / 3) / 5 + 0.1))
+    assert with_branch["lookup_gain"] == pytest.approx(1.0) and "lookup_gain" not in plain
+
+
+def test_lookup_steps_read_the_probe_as_a_branch_would():
+    # an EAGLE-style probe tree: root -> a (10), b (11); a -> c (12); the answer continues 10, 12, 7
+    tree, tokens = Tree((-1, 0, 0, 1)), [10, 11, 12]
+    groups = [[(tree, [0, 1, 3], tokens, [10, 12, 99], 2), (tree, [0], tokens, [], 5)]]
+    sequences = [[1, 2, 10, 12, 7, 8, 9]]
+    first, second = lookup_steps(groups, sequences)
+    assert first == LookupStep(accepted=(0, 0), lookup_accepted=2, chain_in_tree=(0, 0), chain_len=3)
+    assert second == LookupStep(accepted=(), lookup_accepted=0, chain_in_tree=(), chain_len=0)
 
 
 def test_decoding_json_round_trip_and_atomic_write(tmp_path, monkeypatch):
@@ -180,8 +222,17 @@ def test_a_lookup_branch_rides_on_the_tuned_tree(ckpt, prompts, tmp_path):
     branch = d["lookup_branch"]
     assert branch["tokens"] == 3 and branch["steps"] >= branch["added"] >= branch["won"] >= 0
     assert branch["steps"] > 0 and report["greedy_matches_vanilla"] == 1.0
-    assert "prompt-lookup branch: up to 3 tokens" in (tmp_path / "a" / "report.md").read_text()
-    assert "lookup_branch" not in _eval(ckpt, prompts, tmp_path / "b")["decoding"]  # off by default
+    # the tree was chosen for the branch: the prediction counts its gain, its nodes and its search
+    assert saved["lookup_tokens"] == 3 and d["tuned_for_lookup"] == 3
+    assert saved["acceptance"]["lookup_steps"] > 0 and saved["costs_s"]["lookup_search"] > 0
+    assert {"lookup_gain", "lookup_nodes"} <= set(saved["predicted"])
+    md = (tmp_path / "a" / "report.md").read_text()
+    assert "prompt-lookup branch: up to 3 tokens merged into the tree (lookup_tokens; in the tuner's" in md
+    # a choice made for the branch is not reused without it (and the other way round)
+    plain = _eval(ckpt, prompts, tmp_path / "b")["decoding"]
+    assert "lookup_branch" not in plain and plain["reused"] is False  # off by default
+    assert read_decoding(ckpt)["lookup_tokens"] == 0
+    assert _eval(ckpt, prompts, tmp_path / "c", lookup_tokens=3)["decoding"]["reused"] is False
     for kw, match in [
         ({"lookup_tokens": -1}, "lookup_tokens=-1"),
         ({"lookup_tokens": 2, "method": "prompt_lookup"}, "lookup_tokens=2 with method=prompt_lookup"),
