@@ -61,9 +61,10 @@ class TunerConfig:
     mode: str = "auto"
     reps: int = 7  # timed runs per verify width and per drafter setting (medians, order alternating)
     max_width: int = 0  # widest verify forward considered (root included); 0: 32 on CPU, 96 on CUDA
-    probe_prompts: int = (
-        2  # dev prompts decoded with the probe tree (acceptance by depth and rank, bookkeeping)
-    )
+    # dev prompts decoded with the probe tree (acceptance by depth and rank, bookkeeping, the lookup branch's
+    # gain). 6: on the main job's heads two prompts put the branch's gain anywhere from 0.11 to 0.52 tokens per
+    # step depending on which two; six gave 0.37, the 22 dev prompts ~0.3
+    probe_prompts: int = 6
     probe_tokens: int = 48  # new tokens per probe prompt
     # auto: the checkpoint's own table when it has one (Medusa's held-out head accuracies), else measured by
     # the probe; measured: always the probe's

@@ -29,14 +29,15 @@ from pathlib import Path
 from headstart.data.build import select_rows
 from headstart.data.config import DataConfig, RegenConfig
 from headstart.data.selfdistill import regenerate
-from headstart.data.sources import Skips, read_rows, source_path
+from headstart.data.loading import open_source
+from headstart.data.sources import Skips, read_rows
 from headstart.models.backbone import BackboneConfig, load_backbone
 
 if __name__ == "__main__":
     backbone = load_backbone(BackboneConfig())
     cfg = DataConfig(max_rows=int(sys.argv[2]), eval_rows=0, max_length=256)
-    with source_path(cfg.source) as path:
-        rows, _ = read_rows(path, cfg.format)
+    with open_source(cfg) as src:
+        rows, _ = read_rows(src, cfg.format, cfg)
     _, rows = select_rows(rows, cfg)
     regen = RegenConfig(max_new_tokens=48, engine="vllm", vllm_chunk=int(sys.argv[3]))
     regenerate(rows, backbone, regen, 256, Path(sys.argv[1]), Skips(), show_progress=False)
@@ -55,6 +56,7 @@ def test_sigkill_mid_regeneration_then_resume(tmp_path):
     deadline = time.time() + 600
     while len(lines(out)) < CHUNK and time.time() < deadline and proc.poll() is None:
         time.sleep(0.5)
+    assert proc.poll() is None, f"the regeneration exited ({proc.returncode}) before it could be killed"
     os.killpg(proc.pid, signal.SIGKILL)  # the whole group: the run and its vLLM worker
     proc.wait()
     first = len(lines(out))
