@@ -54,8 +54,8 @@ class EvalConfig:
     topk: int = 0  # eagle: children per expanded node and nodes expanded per level; 0 = 10 on CUDA, 4 on CPU
     tuner: TunerConfig = field(default_factory=TunerConfig)  # tuner.mode=off: the hand-set defaults above
     # medusa / eagle / eagle3: up to this many prompt-lookup tokens merged into the drafter's tree each step, on
-    # top of the tuner's (or the user's) tree (eval/engine/proposers/lookup_branch.py); 0 = off. The tuner does
-    # not model it: its prediction is for the tree alone
+    # top of the tuner's (or the user's) tree (eval/engine/proposers/lookup_branch.py); 0 = off. The tuner
+    # chooses its tree for the branch (eval/speed_model.py models it)
     lookup_tokens: int = 0
     draft: str = ""  # method=draft: the draft model (Hub id, folder or .gguf), same tokenizer as the target
     warmup: int = 1  # prompts decoded untimed (both paths) before measuring

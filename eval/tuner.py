@@ -23,6 +23,7 @@ import torch
 from headstart.eval.bounds import step_costs
 from headstart.eval.engine.decoder import Decoder, build_decoder
 from headstart.eval.engine.proposers import VANILLA, tuning
+from headstart.eval.engine.proposers.lookup_branch import shared_prefix
 from headstart.eval.engine.proposers.prompt_lookup import MAX_NGRAM, find_candidates
 from headstart.eval.engine.tree import Tree, chain_tree
 from headstart.eval.speed_model import Branch, Costs, LookupStep, non_decreasing, rank, speedup_at
@@ -86,14 +87,25 @@ class TunerConfig:
 # ---------------------------------------------------------------- acceptance by depth and rank
 
 
+def node_ranks(tree: Tree) -> list[int]:
+    """Each node's rank: its top-k rank when the tree has them (Medusa), else its order among its siblings
+    (EAGLE lists candidates best first under each parent)."""
+    if len(tree.ranks) == tree.size:
+        return list(tree.ranks)
+    ranks, seen = [0] * tree.size, {}
+    for i in range(1, tree.size):
+        ranks[i] = seen.get(tree.parents[i], 0)
+        seen[tree.parents[i]] = ranks[i] + 1
+    return ranks
+
+
 def count_path(tree: Tree, path: list[int], hits: list[list[int]], trials: list[int]) -> None:
     """Add one verified step to the counts: at depth d (1-based) the step is a trial when the accepted node at
-    depth d-1 has children in the tree, and a hit at rank r when its rank-r child was accepted. A node's rank is
-    its top-k rank when the tree has them (Medusa), else its order among its siblings (EAGLE's candidates are
-    listed best first under each parent)."""
+    depth d-1 has children in the tree, and a hit at rank r when its rank-r child was accepted (`node_ranks`)."""
     children: dict[int, list[int]] = {}
     for i in range(1, tree.size):
         children.setdefault(tree.parents[i], []).append(i)
+    rank_of = node_ranks(tree)
     for d in range(1, tree.max_depth + 1):
         kids = children.get(path[d - 1]) if d - 1 < len(path) else None
         if not kids:
@@ -102,7 +114,7 @@ def count_path(tree: Tree, path: list[int], hits: list[list[int]], trials: list[
             trials.append(0)
             hits.append([])
         trials[d - 1] += 1
-        ranks = [tree.ranks[k] for k in kids] if len(tree.ranks) == tree.size else list(range(len(kids)))
+        ranks = [rank_of[k] for k in kids]
         hits[d - 1].extend([0] * (max(ranks) + 1 - len(hits[d - 1])))  # every rank offered is a column
         if d >= len(path):
             return
@@ -154,18 +166,6 @@ class _Recorder:
         self.inner.accepted(path, hidden)
 
 
-def node_ranks(tree: Tree) -> list[int]:
-    """Each node's rank (count_path's rule): its top-k rank when the tree has them, else its order among its
-    siblings."""
-    if len(tree.ranks) == tree.size:
-        return list(tree.ranks)
-    ranks, seen = [0] * tree.size, {}
-    for i in range(1, tree.size):
-        ranks[i] = seen.get(tree.parents[i], 0)
-        seen[tree.parents[i]] = ranks[i] + 1
-    return ranks
-
-
 def lookup_steps(groups: list[list[tuple]], sequences: list[list[int]]) -> list[LookupStep]:
     """The probe's steps as a lookup branch would have seen them, given each prompt's greedy prompt + answer
     (what the target accepts: a chain token is accepted when it equals the answer's token at its position)."""
@@ -177,14 +177,8 @@ def lookup_steps(groups: list[list[tuple]], sequences: list[list[int]]) -> list[
             n = 0
             while n < len(chain) and n < len(answer) and chain[n] == answer[n]:
                 n += 1
-            children = {(tree.parents[i], tokens[i - 1]): i for i in range(tree.size - 1, 0, -1)}
-            node, shared = 0, []
-            for token in chain:  # the trie walk of lookup_branch.merge_chain
-                node = children.get((node, token))
-                if node is None:
-                    break
-                shared.append(ranks[node])
-            out.append(LookupStep(tuple(ranks[i] for i in path[1:]), n, tuple(shared), len(chain)))
+            shared = tuple(ranks[i] for i in shared_prefix(tokens, tree.parents, chain))
+            out.append(LookupStep(tuple(ranks[i] for i in path[1:]), n, shared, len(chain)))
     return out
 
 

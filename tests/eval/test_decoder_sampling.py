@@ -118,20 +118,25 @@ def seeded_prompt(target, top: int = 4, rounds: int = 12) -> list[int]:
     raise AssertionError(f"the likely next tokens did not settle in {rounds} rounds")
 
 
-@pytest.mark.parametrize("method", ["medusa", "eagle3"])
-def test_a_lookup_branch_sampling_matches_target(target, method):
+def medusa_with_branch(target):
+    heads = build_drafter("medusa", MedusaConfig(num_heads=2), target)
+    return Decoder(target, "medusa", heads, tree=[[0], [1]], lookup_tokens=2)
+
+
+def eagle3_with_branch(target):
+    from headstart.models.eagle_config import Eagle3Config
+
+    drafter = build_drafter("eagle3", Eagle3Config(draft_vocab_size=259, ttt_steps=2), target).eval()
+    return Decoder(target, "eagle3", drafter, tree_nodes=3, topk=2, num_draft_tokens=2, lookup_tokens=2)
+
+
+@pytest.mark.parametrize("make", [medusa_with_branch, eagle3_with_branch])
+def test_a_lookup_branch_sampling_matches_target(target, make):
     """A Medusa tree / EAGLE-3's dynamic tree plus prompt lookup's chain merged as a trie
     (eval/engine/proposers/lookup_branch.py): the siblings stay distinct point masses, so recursive rejection
     sampling stays lossless; the branch is taken."""
-    from headstart.models.eagle_config import Eagle3Config
-
     torch.manual_seed(0)
-    if method == "medusa":
-        heads = build_drafter("medusa", MedusaConfig(num_heads=2), target)
-        decoder = Decoder(target, "medusa", heads, tree=[[0], [1]], lookup_tokens=2)
-    else:
-        drafter = build_drafter("eagle3", Eagle3Config(draft_vocab_size=259, ttt_steps=2), target).eval()
-        decoder = Decoder(target, "eagle3", drafter, tree_nodes=3, topk=2, num_draft_tokens=2, lookup_tokens=2)
+    decoder = make(target)
     check_lossless(decoder, target, seeded_prompt(target))
     assert decoder.proposer.counts["won"] > 0.2 * N_SAMPLES, decoder.proposer.counts
 

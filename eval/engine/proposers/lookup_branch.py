@@ -25,20 +25,30 @@ from headstart.eval.engine.proposers.prompt_lookup import MAX_NGRAM, find_candid
 from headstart.eval.engine.tree import Tree
 
 
+def shared_prefix(tokens: list[int], parents: tuple[int, ...], chain: list[int]) -> list[int]:
+    """The nodes of a tree (tokens of nodes 1..n, parents of nodes 0..n) that a chain below the root runs
+    through, walking down from the root as a trie (the first of equal siblings), as far as they go."""
+    children = {(parents[i], tokens[i - 1]): i for i in range(len(parents) - 1, 0, -1)}  # first child wins
+    path, node = [], 0
+    for token in chain:
+        node = children.get((node, token))
+        if node is None:
+            break
+        path.append(node)
+    return path
+
+
 def merge_chain(
     tokens: list[int], parents: tuple[int, ...], chain: list[int]
 ) -> tuple[list[int], tuple[int, ...]]:
     """A tree (tokens of nodes 1..n, parents of nodes 0..n) plus a chain below the root, merged as a trie ->
     (tokens, parents) of the merged tree; nodes 0..n unchanged, new nodes appended in chain order."""
-    children = {(parents[i], tokens[i - 1]): i for i in range(len(parents) - 1, 0, -1)}  # first child wins
-    tokens, parents, node = list(tokens), list(parents), 0
-    for token in chain:
-        child = children.get((node, token))
-        if child is None:  # below a new node nothing is shared: the rest is a chain
-            tokens.append(token)
-            parents.append(node)
-            child = len(parents) - 1
-        node = child
+    shared = shared_prefix(tokens, parents, chain)
+    tokens, parents, node = list(tokens), list(parents), shared[-1] if shared else 0
+    for token in chain[len(shared) :]:  # below a new node nothing is shared: the rest is a chain
+        tokens.append(token)
+        parents.append(node)
+        node = len(parents) - 1
     return tokens, tuple(parents)
 
 
