@@ -1,7 +1,8 @@
-"""Score a speculative decoder against vanilla decoding on a prompt set: both sides decode every turn back to back
-(the order alternating, each side continuing its own conversation), the turns are re-timed in rounds until the
-median ratio is pinned down (eval/timing.py), and the figure is checked against the step costs (eval/bounds.py).
-The CPU thread count is chosen for the run (`choose_threads`) and restored afterwards.
+"""Score speculative decoders (the drafter and training-free baselines) against vanilla decoding on a prompt set:
+every side decodes every turn back to back (the order rotating, each side continuing its own conversation), the
+turns are re-timed in rounds until every median ratio is pinned down (eval/timing.py), and each figure is checked
+against the step costs (eval/bounds.py). Vanilla runs once for all sides. The CPU thread count is chosen for the
+run (`choose_threads`) and restored afterwards.
 """
 
 from __future__ import annotations
@@ -39,43 +40,51 @@ def _sample(turn: dict) -> Sample:
 
 def score_prompts(
     vanilla,
-    spec,
+    specs: dict,
     backbone,
     prompts: list[Prompt],
     opts: GenOpts,
     warmup: int = 1,
     on_prompt=None,
     timing: TimingConfig | None = None,
-) -> tuple[list[dict], dict]:
-    """Vanilla and spec decoding turn by turn, the order alternating (eval/timing.py), each side continuing
-    its own conversation; then the turns re-timed in rounds until the median ratio is pinned down, and the
-    figure checked against the step costs (eval/bounds.py). -> one record per prompt (tokens and stats of
-    the first pass), the timing report (ratios per unit, costs, checks, conditions)."""
+) -> tuple[dict[str, list[dict]], dict[str, dict]]:
+    """Vanilla and every speculative decoder in `specs` ({name: decoder}: the drafter, training-free
+    baselines) turn by turn, the order rotating (eval/timing.py), each side continuing its own conversation;
+    then the turns re-timed in rounds until every median ratio is pinned down, and each figure checked
+    against the step costs (eval/bounds.py). Vanilla runs once for all of them, in the same rounds, so the
+    drafter and the baselines are measured side by side against one reference. -> per name: one record per
+    prompt (vanilla's and that side's tokens and stats of the first pass, under "vanilla" / "spec") and its
+    timing report (ratios per unit, costs, checks, conditions)."""
+    if not specs or "vanilla" in specs:
+        raise ValueError(
+            f"score_prompts: speculative decoders other than vanilla expected, got {list(specs)}"
+        )
     timing = timing or TimingConfig()
     threads_before = torch.get_num_threads()
     try:  # the thread count is this eval's choice; the caller's is restored afterwards
         threads = choose_threads(timing.threads) if backbone.device.type == "cpu" else None
-        return _score(vanilla, spec, backbone, prompts, opts, warmup, on_prompt, timing, threads)
+        return _score(vanilla, specs, backbone, prompts, opts, warmup, on_prompt, timing, threads)
     finally:
         torch.set_num_threads(threads_before)
 
 
 def _score(
-    vanilla, spec, backbone, prompts, opts, warmup, on_prompt, timing, threads
-) -> tuple[list[dict], dict]:
+    vanilla, specs, backbone, prompts, opts, warmup, on_prompt, timing, threads
+) -> tuple[dict[str, list[dict]], dict[str, dict]]:
     tok, eos, device = backbone.tokenizer, eos_token_ids(backbone), backbone.device
     cond = conditions(device, str(backbone.dtype).removeprefix("torch."))
-    decoders = {"vanilla": vanilla, "spec": spec}
-    for p in prompts[:warmup]:  # untimed: kernels, allocator and caches warm on both paths
+    decoders = {"vanilla": vanilla, **specs}
+    for p in prompts[:warmup]:  # untimed: kernels, allocator and caches warm on every path
         short = replace(opts, max_new_tokens=min(opts.max_new_tokens, 16))
-        answer(vanilla, backbone, Prompt(p.question_id, p.category, p.turns[:1]), short, opts.seed)
-        answer(spec, backbone, Prompt(p.question_id, p.category, p.turns[:1]), short, opts.seed)
-    timer = Interleaved(["vanilla", "spec"], "vanilla", timing)
-    units, records = [], []
+        for dec in decoders.values():
+            answer(dec, backbone, Prompt(p.question_id, p.category, p.turns[:1]), short, opts.seed)
+    timer = Interleaved(list(decoders), "vanilla", timing)
+    units: list[dict] = []
+    records: dict[str, list[dict]] = {name: [] for name in specs}
     for i, p in enumerate(prompts):
         seed = opts.seed + 1000 * i
-        messages: dict[str, list] = {"vanilla": [], "spec": []}
-        turns: dict[str, list] = {"vanilla": [], "spec": []}
+        messages: dict[str, list] = {side: [] for side in decoders}
+        turns: dict[str, list] = {side: [] for side in decoders}
         for t, user in enumerate(p.turns):
             ids = {}
             for side in decoders:
@@ -89,17 +98,19 @@ def _score(
             for side in decoders:
                 text = tok.decode(turns[side][-1]["tokens"], skip_special_tokens=True)
                 messages[side].append({"role": "assistant", "content": text})
-        v, s = turns["vanilla"], turns["spec"]
-        records.append(
-            {
-                "question_id": p.question_id,
-                "category": p.category,
-                "match": all(a["tokens"] == b["tokens"] for a, b in zip(v, s)),
-                "vanilla": summarize_turns(v),
-                "spec": summarize_turns(s),
-                "answers": [tok.decode(t["tokens"], skip_special_tokens=True) for t in s],
-            }
-        )
+        v = turns["vanilla"]
+        for name in specs:
+            s = turns[name]
+            records[name].append(
+                {
+                    "question_id": p.question_id,
+                    "category": p.category,
+                    "match": all(a["tokens"] == b["tokens"] for a, b in zip(v, s)),
+                    "vanilla": summarize_turns(v),
+                    "spec": summarize_turns(s),
+                    "answers": [tok.decode(t["tokens"], skip_special_tokens=True) for t in s],
+                }
+            )
         if on_prompt is not None:
             on_prompt(i + 1, len(prompts))
 
@@ -110,14 +121,19 @@ def _score(
     timer.run(rerun, len(units))
     context = sorted(units, key=lambda u: len(u["ids"]["vanilla"]))[len(units) // 2]["ids"]["vanilla"]
     context = (context * 2)[: len(context) + opts.max_new_tokens // 2]  # a mid-answer cache length
-    shapes = {"vanilla": verify_shape(vanilla), "spec": verify_shape(spec)}
-    tau = tau_of(records)
-    for attempt in range(2):  # a figure that fails a check is re-measured once, then flagged
+    shapes = {side: verify_shape(dec) for side, dec in decoders.items()}
+    for attempt in range(2):  # a figure that fails a check is re-measured once (every side), then flagged
         costs = step_costs(backbone, shapes, context, timing.cost_reps)
-        pred = predict(timer, costs)
-        speedup = timer.summary("spec")["median"]
-        checks = check(speedup, tau, costs, pred, len(timer.outliers) / len(timer.samples), timing.bound_tol)
-        if not checks["flags"] or attempt:
+        figures = {}
+        for name in specs:
+            pair = timer.pair(name, "spec")  # vanilla and this side, this side named "spec"
+            pair_costs = {"vanilla": costs["vanilla"], "spec": costs[name]}
+            pred = predict(pair, pair_costs)
+            speedup = pair.summary("spec")["median"]
+            outliers = len(pair.outliers) / len(pair.samples)
+            checks = check(speedup, tau_of(records[name]), pair_costs, pred, outliers, timing.bound_tol)
+            figures[name] = (pair, pair_costs, pred, checks)
+        if not any(f[3]["flags"] for f in figures.values()) or attempt:
             break
         rnd = timer.n_rounds()  # one more round of every unit, its outliers re-timed
         for u in range(len(units)):
@@ -125,15 +141,19 @@ def _score(
         timer.retime_outliers(rerun, time.perf_counter() + timing.budget_s)
         timer.rounds = timer.n_rounds()
     unit_of = {u: (x["prompt"], x["turn"]) for u, x in enumerate(units)}
-    report = {
-        **timer.report(),
-        "units": [
-            {"prompt": p, "turn": t, "ratios": timer.ratios("spec", {u})} for u, (p, t) in unit_of.items()
-        ],
-        "step_ms": {k: 1000 * c for k, c in costs.items()},
-        "verify_width": shapes["spec"][0],
-        **pred,
-        **checks,
-        "conditions": {**finish_conditions(cond), "threads_chosen": threads},
-    }
-    return records, report
+    done = {**finish_conditions(cond), "threads_chosen": threads}
+    reports = {}
+    for name, (pair, pair_costs, pred, checks) in figures.items():
+        reports[name] = {
+            **pair.report(),
+            "units": [
+                {"prompt": p, "turn": t, "ratios": pair.ratios("spec", {u})} for u, (p, t) in unit_of.items()
+            ],
+            "step_ms": {k: 1000 * c for k, c in pair_costs.items()},
+            "verify_width": shapes[name][0],
+            "sides": list(decoders),  # every decoder timed in these rounds
+            **pred,
+            **checks,
+            "conditions": done,
+        }
+    return records, reports

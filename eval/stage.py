@@ -3,8 +3,8 @@ per category (entry script: eval/run.py).
 
 A checkpoint folder's config.json is read once (`find_checkpoints`); the backbone is rebuilt from it (dtype/device
 overridable), the drafter loaded from the same metadata, and the registry (models/registry.py) says which
-decoder proposer serves it. Each prompt is decoded with vanilla then speculative decoding (interleaved, after a
-warm-up) through the same Decoder; see score.py.
+decoder proposer serves it. Each prompt is decoded with vanilla, the drafter and the training-free baselines
+(interleaved, after a warm-up; vanilla once for all of them) through the same Decoder; see measure.py.
 """
 
 from __future__ import annotations
@@ -66,14 +66,10 @@ class Evaluator:
             ids = chat_ids(backbone.tokenizer, [{"role": "user", "content": p.turns[0]}])
             check_fits(len(ids), self.opts, f"prompt {p.question_id!r}")
 
-    def decoders(self, ckpt: Path, meta: dict, backbone: Backbone, bcfg: BackboneConfig, baseline: str = ""):
-        """(decoding method, vanilla decoder, speculative decoder, the settings used and where they came from)
-        for the checkpoint `meta` was read from, or for a training-free `baseline` method on its backbone."""
+    def drafter_decoder(self, ckpt: Path, meta: dict, backbone: Backbone, bcfg: BackboneConfig):
+        """(decoding method, speculative decoder, the settings used and where they came from) for the drafter
+        in the checkpoint `meta` was read from."""
         cfg = self.cfg
-        vanilla = Decoder(backbone, VANILLA, max_cache_len=cfg.max_cache_len)
-        if baseline:  # the decoder's own defaults: the user's options and the tuner's are the drafter's
-            spec = build_decoder(baseline, backbone, None, max_cache_len=cfg.max_cache_len)
-            return baseline, vanilla, spec, {"source": "default", "options": {}, "tuner": None}
         trained = registry.get(meta["method"])
         method = cfg.method or trained.proposer  # empty: the proposer that serves the trained drafter
         # the checkpoint's drafter is used by its own proposer, unless method=draft names another draft model
@@ -100,31 +96,45 @@ class Evaluator:
                 method, backbone, loaded, ids, cfg.tuner, cfg.timing.threads, cfg.lookup_tokens
             )
             opts |= tuned["decoder"] if tuned else {}
-        if cfg.lookup_tokens:  # on the tree chosen above (for it); the decoder refuses a method without a tree
+        if cfg.lookup_tokens:  # on the tree chosen above (for it); the decoder refuses a tree-less method
             opts["lookup_tokens"] = cfg.lookup_tokens
         settings = {
             "source": "tuner" if tuned else "user" if user else "default",
             "options": user,
             "tuner": tuned,
         }
-        spec = build_decoder(method, backbone, loaded, **opts)
-        return method, vanilla, spec, settings
+        return method, build_decoder(method, backbone, loaded, **opts), settings
 
-    def evaluate(self, ckpt: Path, meta: dict, out_dir: Path, baseline: str = "") -> dict:
-        """Score the checkpoint `ckpt` whose config.json is `meta` (or, with `baseline`, that training-free
-        method on the checkpoint's backbone)."""
+    def evaluate(
+        self, ckpt: Path, meta: dict, out_dir: Path, baselines: tuple[str, ...] = (), drafter: bool = True
+    ) -> dict:
+        """Score the drafter of checkpoint `ckpt` (config.json = `meta`) and the training-free `baselines` on
+        its backbone, every one against the same vanilla decodes in the same interleaved rounds (side by side).
+        The drafter's report goes to out_dir, each baseline's to out_dir/baselines/<name>. -> {"report",
+        "figures"} of the drafter (drafter=False: baselines only) and "baselines": {name: report}."""
         cfg = self.cfg
         bcfg = BackboneConfig(**meta["backbone"])
         if cfg.dtype:
             bcfg = replace(bcfg, dtype=cfg.dtype)
         backbone = self.backbone(bcfg)
-        method, vanilla, spec, settings = self.decoders(ckpt, meta, backbone, bcfg, baseline)
+        vanilla = Decoder(backbone, VANILLA, max_cache_len=cfg.max_cache_len)
+        sides = {}  # side -> (method, decoder, settings, out folder); "drafter" is never a baseline's name
+        if drafter:
+            method, spec, settings = self.drafter_decoder(ckpt, meta, backbone, bcfg)
+            sides["drafter"] = (method, spec, settings, out_dir)
+        default = {"source": "default", "options": {}, "tuner": None}  # the user's and tuner's: the drafter's
+        for b in dict.fromkeys(baselines):
+            spec = build_decoder(b, backbone, None, max_cache_len=cfg.max_cache_len)
+            sides[b] = (b, spec, dict(default), out_dir / "baselines" / b)
+        if not sides:
+            raise EvalError("nothing to score: no drafter and no baselines")
         n = len(self.prompts.prompts)
-        log.info("scoring %s (%s) on %d prompts -> %s", ckpt, method, n, out_dir)
-        with tqdm(total=n, desc=f"eval {method} vs vanilla", unit="prompt") as bar:
-            records, timing = score_prompts(
+        names = " + ".join(m for m, *_ in sides.values())
+        log.info("scoring %s (%s) on %d prompts beside one vanilla run -> %s", ckpt, names, n, out_dir)
+        with tqdm(total=n, desc=f"eval {names} vs vanilla", unit="prompt") as bar:
+            records, timings = score_prompts(
                 vanilla,
-                spec,
+                {side: dec for side, (_, dec, _, _) in sides.items()},
                 backbone,
                 self.prompts.prompts,
                 self.opts,
@@ -132,6 +142,21 @@ class Evaluator:
                 on_prompt=lambda i, total: bar.update(i - bar.n),
                 timing=cfg.timing,
             )
+        out: dict = {"baselines": {}}
+        for side, (method, spec, settings, folder) in sides.items():
+            baseline = side != "drafter"
+            res = self._report(ckpt, meta, bcfg, backbone, method, spec, settings, baseline,
+                               records[side], timings[side], folder)  # fmt: skip
+            if baseline:
+                out["baselines"][side] = res["report"]
+            else:
+                out |= res
+        return out
+
+    def _report(
+        self, ckpt, meta, bcfg, backbone, method, spec, settings, baseline, records, timing, out_dir
+    ) -> dict:
+        cfg, n = self.cfg, len(self.prompts.prompts)
         report = {
             "method": method,
             "backbone": {**asdict(bcfg), "fingerprint": backbone.fingerprint()},
@@ -164,10 +189,10 @@ class Evaluator:
             settings["lookup_branch"] = {"tokens": cfg.lookup_tokens, **spec.proposer.counts}
         report["decoding"] = decoding_report(settings, report, per_turn)
         figures = write_report(out_dir, report, records)
-        log.info("%s: tau %.3f, speedup %.3fx %s", ckpt, report["tau"] or 0, report["speedup"] or 0,
-                 report["speedup_ci"])  # fmt: skip
+        log.info("%s (%s): tau %.3f, speedup %.3fx %s", ckpt, method, report["tau"] or 0,
+                 report["speedup"] or 0, report["speedup_ci"])  # fmt: skip
         for flag in report["speedup_flags"]:
-            log.warning("%s: speedup flagged, not used to rank: %s", ckpt, flag)
+            log.warning("%s (%s): speedup flagged, not used to rank: %s", ckpt, method, flag)
         return {"report": report, "figures": figures}
 
 
@@ -205,9 +230,12 @@ def run(cfg: EvalConfig) -> dict:
             "%s: skipped %d bad rows, e.g. %s", prompts.path, prompts.bad_rows, prompts.bad_examples[0]
         )
     ev, out = Evaluator(cfg, prompts), Path(cfg.out_dir)
-    if list(checkpoints) == [Path(cfg.checkpoint)]:
-        res = ev.evaluate(Path(cfg.checkpoint), checkpoints[Path(cfg.checkpoint)], out)
-        summary = r = res["report"]
+    baselines: dict = {}
+    if list(checkpoints) == [Path(cfg.checkpoint)]:  # the drafter and the baselines in the same rounds
+        best = Path(cfg.checkpoint)
+        res = ev.evaluate(best, checkpoints[best], out, tuple(cfg.baselines))
+        summary = r = drafter = res["report"]
+        baselines = res["baselines"]
         payload = {
             "history": [{"eval/tau": r["tau"], "eval/speedup": r["speedup"], "eval/efficiency": r["efficiency"]}],
             "table": (["category", "n", "tau", "speedup"],
@@ -216,21 +244,18 @@ def run(cfg: EvalConfig) -> dict:
         }  # fmt: skip
     else:
         summary, payload = score_run_dir(ev, checkpoints, Path(cfg.checkpoint), out)
-    if cfg.baselines:  # beside the drafter (the best one of a run), on the same prompts and backbone
-        if "checkpoints" in summary:
-            entry = next(e for e in summary["checkpoints"] if e["best"])
-            best, drafter = Path(entry["checkpoint"]), json.loads(Path(entry["report"]).read_text())
-        else:
-            best, drafter = Path(cfg.checkpoint), summary
-        reports = {
-            b: ev.evaluate(best, checkpoints[best], out / "baselines" / b, baseline=b)["report"]
-            for b in cfg.baselines
-        }
-        cmp = compare(drafter, reports)
+    if cfg.baselines and "checkpoints" in summary:  # beside the run's best drafter, on its backbone (in
+        # rounds of their own: the drafter's figure is the one scored above)
+        entry = next(e for e in summary["checkpoints"] if e["best"])
+        best, drafter = Path(entry["checkpoint"]), json.loads(Path(entry["report"]).read_text())
+        res = ev.evaluate(best, checkpoints[best], out, tuple(cfg.baselines), drafter=False)
+        baselines = res["baselines"]
+    if cfg.baselines:
+        cmp = compare(drafter, baselines)
         write_compare(out, cmp)
         for b, w in cmp["wins"].items():
             log.info("%s %.3fx vs %s %.3fx: at least as fast in %d of %d categories", drafter["method"],
-                     drafter["speedup"] or 0, b, reports[b]["speedup"] or 0, w["categories"], w["of"])  # fmt: skip
+                     drafter["speedup"] or 0, b, baselines[b]["speedup"] or 0, w["categories"], w["of"])  # fmt: skip
         summary = {**summary, "baselines": cmp}
     if cfg.logger.kind == "wandb":
         keys = ("checkpoint", "prompts", "method", "temperature", "max_new_tokens", "limit_per_category")

@@ -283,6 +283,19 @@ class Interleaved:
                 self.time_unit(run, unit, rnd)
         self.rounds = self.n_rounds()
 
+    def pair(self, side: str, name: str | None = None) -> Interleaved:
+        """The base and one `side` of these rounds (that side renamed `name`): its ratios, outliers and
+        report as if only the two had been timed -- the others still ran in the same rounds, so every side's
+        figure rests on the same base timings."""
+        if side not in self.sides or side == self.base:
+            raise ValueError(f"side {side!r} is not one of the timed sides {self.sides} other than the base")
+        name = name or side
+        view = Interleaved([self.base, name], self.base, self.cfg)
+        view.samples = {k: {self.base: s[self.base], name: s[side]} for k, s in self.samples.items()}
+        view.retimed, view.rounds = self.retimed, self.rounds
+        view.outliers = view.out_of_line() if view.samples else []
+        return view
+
     def report(self) -> dict:
         """JSON-friendly: per side (not base) the ratio summary; counts of pairs, re-timed and outliers."""
         return {

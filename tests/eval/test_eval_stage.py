@@ -140,7 +140,10 @@ def test_run_folder_scores_every_checkpoint_and_marks_best(prompt_file, tmp_path
     hf_model.mkdir()
     (hf_model / "config.json").write_text('{"model_type": "llama"}')
     (hf_model / "model.safetensors").write_bytes(b"")
-    summary = run(_cfg(run_dir, prompt_file, tmp_path / "out", limit_per_category=1, warmup=0))
+    cfg = _cfg(
+        run_dir, prompt_file, tmp_path / "out", limit_per_category=1, warmup=0, baselines=["prompt_lookup"]
+    )
+    summary = run(cfg)
     entries = summary["checkpoints"]
     assert [e["step"] for e in entries] == [2, 10, 12]  # sorted by step, not by path
     assert sum(e["best"] for e in entries) == 1
@@ -148,8 +151,11 @@ def test_run_folder_scores_every_checkpoint_and_marks_best(prompt_file, tmp_path
     assert best["best"] and summary["best"] == best["checkpoint"]
     for e in entries:
         assert Path(e["report"]).is_file()
-    for name in ("runs.json", "runs.md", "tau_vs_step.png"):
+    for name in ("runs.json", "runs.md", "tau_vs_step.png", "compare.json"):
         assert (tmp_path / "out" / name).is_file()
+    base = json.loads((tmp_path / "out" / "baselines" / "prompt_lookup" / "report.json").read_text())
+    assert base["timing"]["sides"] == ["vanilla", "prompt_lookup"]  # beside the best, in rounds of its own
+    assert summary["baselines"]["same_rounds"] is False  # the drafter's figure is the run folder's scoring
 
 
 def test_checkpoint_for_another_backbone_fails_clearly(prompt_file, tmp_path):
@@ -268,6 +274,11 @@ def test_baselines_are_scored_beside_the_drafter(ckpt, prompt_file, tmp_path):
     )
     assert set(cmp["categories"]) == {"coding", "writing"} and cmp["wins"]["prompt_lookup"]["of"] == 2
     assert report["baselines"] == cmp and "prompt_lookup tau / speedup" in (out / "compare.md").read_text()
+    # side by side: one vanilla run in the same rounds behind both figures
+    assert report["timing"]["sides"] == base["timing"]["sides"] == ["vanilla", "drafter", "prompt_lookup"]
+    assert report["timing"]["pairs"] == base["timing"]["pairs"]
+    assert report["tokens_per_s"]["vanilla"] == base["tokens_per_s"]["vanilla"]
+    assert cmp["same_rounds"] is True and "same interleaved rounds" in (out / "compare.md").read_text()
 
 
 def test_a_baseline_that_needs_a_drafter_is_refused(ckpt, prompt_file, tmp_path):

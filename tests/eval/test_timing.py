@@ -60,6 +60,22 @@ def test_a_burst_that_stays_is_counted_not_hidden():
     assert timer.summary("b")["median"] == pytest.approx(2.0)  # the median is not moved by it
 
 
+def test_three_sides_share_one_base_and_a_pair_reads_like_two():
+    def run(side, unit):  # c is 4x a on every unit; b is 2x
+        return Sample(tokens=10, seconds={"a": 1.0, "b": 0.5, "c": 0.25}[side], steps=10)
+
+    timer = Interleaved(["a", "b", "c"], "a", TimingConfig(budget_s=5, max_rounds=3, rel_ci=0.01))
+    timer.run(run, units=3)
+    assert [timer.order(u, 0)[0] for u in range(3)] == ["a", "b", "c"]  # each side leads a unit
+    pair = timer.pair("c", "spec")
+    assert pair.sides == ["a", "spec"] and pair.summary("spec")["median"] == pytest.approx(4.0)
+    assert pair.samples.keys() == timer.samples.keys()  # the same base timings behind every side
+    assert all(s["a"] is timer.samples[k]["a"] for k, s in pair.samples.items())
+    assert timer.pair("b").report()["ratios"]["b"]["median"] == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="other than the base"):
+        timer.pair("a")
+
+
 def test_bound_and_prediction_flags():
     costs = {"vanilla": 1.0, "spec": 1.25}
     pred = {"predicted_speedup": 1.2}
