@@ -21,8 +21,8 @@ A prompt-lookup branch merged into the tree (eval/engine/proposers/lookup_branch
 tuner's probe, step by step rather than by a table: each probe step records the ranks along the path the target
 accepted, how many of the lookup chain's tokens it would have accepted, and where the chain ran inside the probe
 tree. For a candidate tree, a step accepts the longer of its own path and the chain (both are root paths of one
-trie), and the chain adds the nodes the tree does not already hold; the gain and the extra width are their means
-over the probe's steps, and the search's cost is added to the drafter's. Pure functions: no timing happens here
+trie), and the chain adds the nodes the tree does not already hold; the gain is its mean over the probe's
+steps, the step cost the mean of the costs at the widths the steps had, and the search's cost is added. Pure functions: no timing happens here
 (eval/tuner.py measures).
 """
 
@@ -124,11 +124,13 @@ class Branch:
     search_s: float
 
 
-def branch_effect(tree: Tree, steps: list[LookupStep]) -> tuple[float, float]:
-    """(extra tokens accepted per step, extra verify nodes per step) that a lookup branch gives `tree`, averaged
-    over the probe's steps."""
+def branch_effect(tree: Tree, steps: list[LookupStep]) -> tuple[float, dict[int, float]]:
+    """(extra tokens accepted per step, {verify nodes the branch adds: fraction of steps}) that a lookup branch
+    gives `tree`, over the probe's steps. The nodes come as a distribution, not a mean: the branch adds its
+    whole chain on some steps and nothing on others, and the verify cost is not linear in width (on this
+    CPU it jumps between widths 5 and 6), so the mean cost of the widths is not the cost of the mean width."""
     if not steps:
-        return 0.0, 0.0
+        return 0.0, {}
     paths = {tuple(p) for p in tree_paths(tree)}
 
     def inside(ranks: tuple[int, ...]) -> int:  # how deep the rank sequence runs inside the tree
@@ -137,24 +139,27 @@ def branch_effect(tree: Tree, steps: list[LookupStep]) -> tuple[float, float]:
             n += 1
         return n
 
-    gain = added = 0
+    gain, added = 0, {}
     for s in steps:
         own = inside(s.accepted)
         gain += max(own, s.lookup_accepted) - own
-        added += s.chain_len - inside(s.chain_in_tree) if s.chain_len else 0
-    return gain / len(steps), added / len(steps)
+        k = s.chain_len - inside(s.chain_in_tree) if s.chain_len else 0
+        added[k] = added.get(k, 0) + 1
+    return gain / len(steps), {k: n / len(steps) for k, n in sorted(added.items())}
 
 
 def predict(setting: Setting, acc: list[list[float]], costs: Costs, branch: Branch | None = None) -> dict:
     """The setting's expected tokens per step, seconds per step, tokens/s and speedup over vanilla (with a
-    lookup branch on top when given)."""
+    lookup branch on top when given: the step cost averaged over the widths the branch makes)."""
     e, extra = expected_tokens(setting.tree, acc), {}
-    width, search = float(setting.tree.size), 0.0
+    width = setting.tree.size
+    step = costs.step(setting, width)
     if branch is not None:
         gain, added = branch_effect(setting.tree, branch.steps)
-        e, width, search = e + gain, width + added, branch.search_s
-        extra = {"lookup_gain": gain, "lookup_nodes": added}
-    step = costs.step(setting, width) + search
+        if added:
+            step = sum(p * costs.step(setting, width + k) for k, p in added.items())
+        e, step = e + gain, step + branch.search_s
+        extra = {"lookup_gain": gain, "lookup_nodes": sum(k * p for k, p in added.items())}
     return {
         "tokens_per_step": e,
         "step_ms": 1000 * step,

@@ -31,7 +31,7 @@ from headstart.eval.timing import choose_threads
 from headstart.models.checkpoint import LoadedDrafter, read_decoding, weights_signature, write_decoding
 
 log = logging.getLogger("headstart.eval")
-VERSION = 2  # 2: records the lookup branch the tree was chosen for
+VERSION = 3  # 2: records the lookup branch the tree was chosen for; 3: its step cost over the branch's widths
 LOOKUP_KEY = "lookup search"  # the branch's cost, timed beside the drafter's settings
 WIDTHS = (
     1,

@@ -107,17 +107,30 @@ STEPS = [LookupStep((0, 0), 1, (0,), 3), LookupStep((1,), 3, (), 3), LookupStep(
 def test_a_lookup_branch_adds_the_longer_path_and_the_nodes_a_tree_lacks():
     chain2, siblings = tree_from_paths([[0], [0, 0]]), tree_from_paths([[0], [1]])
     # chain2 holds (0, 0) but not (1,): +0 and +3 tokens; adds 3 - 1 and 3 nodes
-    assert branch_effect(chain2, STEPS) == pytest.approx((1.0, 5 / 3))
+    gain, added = branch_effect(chain2, STEPS)
+    assert gain == pytest.approx(1.0) and added == pytest.approx({0: 1 / 3, 2: 1 / 3, 3: 1 / 3})
     # siblings holds (0,) and (1,): its own paths are 1 and 1 long -> +0 and +2
-    assert branch_effect(siblings, STEPS) == pytest.approx((2 / 3, 5 / 3))
-    assert branch_effect(chain2, []) == (0.0, 0.0)
+    gain, added = branch_effect(siblings, STEPS)
+    assert gain == pytest.approx(2 / 3) and added == pytest.approx({0: 1 / 3, 2: 1 / 3, 3: 1 / 3})
+    assert branch_effect(chain2, []) == (0.0, {})
     costs = Costs(verify={1: 1.0, 3: 1.0, 8: 2.0}, draft={"d": 0.0}, bookkeeping={1: 0.0})
     plain = predict(Setting({}, chain2, "d"), [[0.5], [0.5]], costs)
     with_branch = predict(Setting({}, chain2, "d"), [[0.5], [0.5]], costs, Branch(STEPS, search_s=0.1))
     assert with_branch["tokens_per_step"] == pytest.approx(plain["tokens_per_step"] + 1.0)
-    # verify at width 3 + 5/3 (interpolated between 3 and 8) plus the search
-    assert with_branch["step_ms"] == pytest.approx(1000 * (1.0 + (5 / 3) / 5 + 0.1))
+    # verify at widths 3, 5 and 6 (a third of the steps each; interpolated between 3 and 8) plus the search
+    assert with_branch["step_ms"] == pytest.approx(1000 * ((1.0 + 1.4 + 1.6) / 3 + 0.1))
     assert with_branch["lookup_gain"] == pytest.approx(1.0) and "lookup_gain" not in plain
+    assert with_branch["lookup_nodes"] == pytest.approx(5 / 3)
+
+
+def test_a_branch_costs_the_mean_of_its_widths_not_the_width_of_its_mean():
+    # half the steps the 4-token chain matches (sharing nothing: +4 nodes), half nothing matches; the verify
+    # cost jumps between widths 5 and 6 (as it does on this CPU): c(3) = c(5) = 1, c(7) = 2
+    steps = [LookupStep((), 0, (), 4), LookupStep((), 0, (), 0)]
+    costs = Costs(verify={1: 1.0, 5: 1.0, 6: 2.0, 8: 2.0}, draft={"d": 0.0}, bookkeeping={1: 0.0})
+    chain2 = tree_from_paths([[0], [0, 0]])
+    pred = predict(Setting({}, chain2, "d"), [[0.5], [0.5]], costs, Branch(steps, search_s=0.0))
+    assert pred["step_ms"] == pytest.approx(1000 * (1.0 + 2.0) / 2)  # not c(3 + 2) = 1.0
 
 
 def test_lookup_steps_read_the_probe_as_a_branch_would():
