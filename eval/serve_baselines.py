@@ -4,8 +4,10 @@ and per prompt category. vLLM's `ngram` proposer and headstart's `prompt_lookup`
 
 Per-category speedups come from per-prompt (tokens, seconds) at batch size 1: each engine's tokens/s over a
 category's prompts divided by the same engine's plain decoding on them. The engines run one after another
-(vLLM cannot share the process), so a burst of load during one run moves its figures; the check's prompts are
-few (default 8, `--n 22` = 2 per dev category), so treat a category won or lost by a few percent as a tie.
+(vLLM cannot share the process), so a burst of load during one run moves its figures: vLLM's plain decoding
+runs before and after the speculative runs and both count (eval/serving.py `pool_plain`, with a note when they
+differ by over 10%). The check's prompts are few (default 8, `--n 22` = 2 per dev category), so treat a
+category won or lost by a few percent as a tie.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from headstart.vllm_runner import VllmEngine, VllmError, engine_spec, served_mod
 
 MIN_POS1_RATIO = 0.9  # vLLM's position-1 acceptance must reach this fraction of ours ...
 MIN_GATED_RATE = 0.05  # ... when ours is at least this (random heads accept ~nothing in either engine)
+PLAIN_DRIFT = 0.10  # vLLM's plain tok/s before vs after the speculative runs: beyond this, a note
 MIN_Z = 2.0  # ... and the shortfall is beyond sampling noise (two-proportion z): 8 prompts give ~450 drafts
 TAU_TOLERANCE = (
     0.05  # reported: |tau_vllm / tau_ours - 1| within 5% (the issue's target for Medusa / EAGLE-3)
@@ -183,6 +184,25 @@ def verdict(layout: str, run: EngineRun, ours: OursRun, aux_layers: list[int] | 
     return ""
 
 
+def pool_plain(plain: EngineRun, after: EngineRun) -> str:
+    """Fold a second plain run (`after` the speculative ones) into `plain`: per-prompt tokens and seconds
+    added, tokens/s over both. -> a note when the two runs' speeds differ by more than PLAIN_DRIFT, else ""."""
+    if not after.loaded:
+        return ""
+    before = plain.tokens_per_s
+    plain.per_prompt = [(a + c, b + d) for (a, b), (c, d) in zip(plain.per_prompt, after.per_prompt)]
+    tokens, seconds = sum(t for t, _ in plain.per_prompt), sum(x for _, x in plain.per_prompt)
+    plain.tokens_per_s = tokens / seconds if seconds else 0.0
+    drift = after.tokens_per_s / before - 1 if before else 0.0
+    if abs(drift) <= PLAIN_DRIFT:
+        return ""
+    return (
+        f"vLLM plain decoding ran at {before:.1f} tok/s before the speculative runs and {after.tokens_per_s:.1f} "
+        f"after ({drift:+.0%}): the machine's speed moved during the check; its speedups are uncertain by about "
+        "that much"
+    )
+
+
 def agree(a: list[list[int]], b: list[list[int]]) -> int:
     return sum(x == y for x, y in zip(a, b))
 
@@ -194,6 +214,15 @@ def to_markdown(report: dict) -> str:
         f"vLLM {report['vllm_package']} vs headstart's decoder; {report['prompts']} prompts, greedy, batch size 1, "
         f"chain of {report['k']} drafts, up to {report['max_new_tokens']} new tokens, bf16.",
         "",
+    ]
+    runs = report["vanilla"].get("vllm_tokens_per_s_runs") or []
+    if len(runs) == 2:
+        lines += [
+            f"vLLM plain decoding ran before and after the speculative runs ({runs[0]:.1f} and {runs[1]:.1f} "
+            "tok/s); vLLM speedups are over both.",
+            "",
+        ]
+    lines += [
         "| layout | loads | tau vLLM | tau ours | pos-1..K acceptance vLLM | ours | tok/s vLLM spec | tok/s vLLM plain"
         " | vLLM speedup | tok/s ours spec | tok/s ours plain | greedy outputs = ours |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -301,6 +330,13 @@ def serve_check(
         ngram = run_vllm(model, prompts, max_new, eos, dict(sb.NGRAM_SPEC), out / "logs" / "ngram.log")
         if not ngram.loaded:
             raise VllmError(f"vLLM cannot run its ngram proposer: {ngram.error}")
+    # vLLM's plain decoding again after every speculative run: the engines cannot be interleaved (one process
+    # each), so the speedups are over both plain runs, and their drift says how much the machine moved
+    after = run_vllm(model, prompts, max_new, eos, None, out / "logs" / "vanilla_after.log")
+    plain_runs = [plain.tokens_per_s] + ([after.tokens_per_s] if after.loaded else [])
+    if note := pool_plain(plain, after):
+        notes.append(note)
+    if categories is not None and served is not None:
         name = served["layout"]
         runs = {f"vllm:{name}": served["vllm"], "vllm:plain": asdict(plain), "vllm:ngram": asdict(ngram),
                 "ours:drafter": asdict(ours), "ours:plain": asdict(ours_plain), "ours:prompt_lookup": asdict(lookup)}  # fmt: skip
@@ -317,7 +353,8 @@ def serve_check(
         "k": k,
         "max_new_tokens": max_new,
         "vanilla": {
-            "vllm_tokens_per_s": plain.tokens_per_s,
+            "vllm_tokens_per_s": plain.tokens_per_s,  # over both plain runs when the second loaded
+            "vllm_tokens_per_s_runs": plain_runs,  # before and after the speculative runs
             "ours_tokens_per_s": ours_plain.tokens_per_s,
             "vllm_equals_ours": agree(plain.outputs, ours_plain.outputs),
         },
