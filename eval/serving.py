@@ -191,8 +191,7 @@ def pool_plain(plain: EngineRun, after: EngineRun) -> str:
         return ""
     before = plain.tokens_per_s
     plain.per_prompt = [(a + c, b + d) for (a, b), (c, d) in zip(plain.per_prompt, after.per_prompt)]
-    tokens, seconds = sum(t for t, _ in plain.per_prompt), sum(x for _, x in plain.per_prompt)
-    plain.tokens_per_s = tokens / seconds if seconds else 0.0
+    plain.tokens_per_s = sb.rate(plain.per_prompt, list(range(len(plain.per_prompt))))
     drift = after.tokens_per_s / before - 1 if before else 0.0
     if abs(drift) <= PLAIN_DRIFT:
         return ""

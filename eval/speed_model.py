@@ -151,15 +151,13 @@ def branch_effect(tree: Tree, steps: list[LookupStep]) -> tuple[float, dict[int,
 def predict(setting: Setting, acc: list[list[float]], costs: Costs, branch: Branch | None = None) -> dict:
     """The setting's expected tokens per step, seconds per step, tokens/s and speedup over vanilla (with a
     lookup branch on top when given: the step cost averaged over the widths the branch makes)."""
-    e, extra = expected_tokens(setting.tree, acc), {}
-    width = setting.tree.size
-    step = costs.step(setting, width)
+    e, extra, added, search = expected_tokens(setting.tree, acc), {}, {}, 0.0
     if branch is not None:
         gain, added = branch_effect(setting.tree, branch.steps)
-        if added:
-            step = sum(p * costs.step(setting, width + k) for k, p in added.items())
-        e, step = e + gain, step + branch.search_s
+        e, search = e + gain, branch.search_s
         extra = {"lookup_gain": gain, "lookup_nodes": sum(k * p for k, p in added.items())}
+    width = setting.tree.size
+    step = sum(p * costs.step(setting, width + k) for k, p in (added or {0: 1.0}).items()) + search
     return {
         "tokens_per_step": e,
         "step_ms": 1000 * step,
