@@ -1,20 +1,23 @@
 """Self-distillation regeneration speed: the HF path vs vLLM, side by side on the same prompts.
 
-    ./launch.sh bench-regen [--n 64] [--max-new-tokens 128] [--batch-size 16]
+    ./launch.sh bench-regen [--n 64] [--max-new-tokens 128] [--batch-size 16] [--engines hf,vllm,vllm-eager]
 
 Both engines run the real `regenerate()` (same rows, chat template, stop ids, greedy, results appended to a
 JSON-lines file) into temporary files; tokens are counted the same way for both (the reply re-tokenized, plus
 the end-of-turn token when the model stopped). vLLM's figure is given with and without its engine start-up
-(measured by starting one more engine alone). Also prints how many replies are identical across engines (bf16
-kernels differ, so near-ties can flip).
+(measured by starting one more engine alone). `vllm-eager` is vLLM without torch.compile
+(`HEADSTART_VLLM_EAGER=1`), beside the compiled default. Also prints how many replies are identical across
+engines (bf16 kernels differ, so near-ties can flip).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,6 +28,8 @@ from headstart.data.selfdistill import regenerate
 from headstart.data.sources import Skips, read_rows
 from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.vllm_runner import VllmEngine, batch_env, engine_spec, served_model
+
+ENGINES = {"hf": "hf", "vllm": "vllm", "vllm-eager": "vllm"}  # --engines name -> data.regen.engine
 
 
 def reply_tokens(tokenizer, rows) -> int:
@@ -42,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch-size", type=int, default=16, help="HF generate batch (vLLM batches itself)")
     p.add_argument("--max-length", type=int, default=384)
     p.add_argument("--vllm-chunk", type=int, default=RegenConfig.vllm_chunk, help="prompts per vLLM call")
-    p.add_argument("--engines", default="hf,vllm", help="comma-separated: hf, vllm")
+    p.add_argument("--engines", default="hf,vllm", help="comma-separated: hf, vllm, vllm-eager")
     p.add_argument("--out", type=Path, help="write the results as JSON here too")
     args = p.parse_args(argv)
 
@@ -55,22 +60,29 @@ def main(argv: list[str] | None = None) -> None:
         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, vllm_chunk=args.vllm_chunk
     )
     results, texts = {}, {}
+    engines = [e for e in args.engines.split(",") if e]
+    if not engines or set(engines) - set(ENGINES):
+        p.error(f"--engines={args.engines!r}: expected a comma-separated subset of {','.join(ENGINES)}")
     with tempfile.TemporaryDirectory() as tmp:
-        engines = [e for e in args.engines.split(",") if e]
-        if not engines or set(engines) - {"hf", "vllm"}:
-            p.error(f"--engines={args.engines!r}: expected a comma-separated subset of hf,vllm")
         for engine in engines:
-            t0 = time.perf_counter()
-            done, _ = regenerate(
-                rows,
-                backbone,
-                replace(regen, engine=engine),
-                args.max_length,
-                Path(tmp) / f"{engine}.jsonl",
-                Skips(),
-                show_progress=False,
-            )
-            wall = time.perf_counter() - t0
+            with eager_env(engine):
+                t0 = time.perf_counter()
+                done, _ = regenerate(
+                    rows,
+                    backbone,
+                    replace(regen, engine=ENGINES[engine]),
+                    args.max_length,
+                    Path(tmp) / f"{engine}.jsonl",
+                    Skips(),
+                    show_progress=False,
+                )
+                wall = time.perf_counter() - t0
+                if engine != "hf":  # one more engine started alone: its start-up, to subtract
+                    spec = engine_spec(
+                        served_model(backbone), "bfloat16", args.max_length + args.max_new_tokens
+                    )
+                    with VllmEngine(spec, env=batch_env()) as e:
+                        startup = e.startup_s
             tokens = reply_tokens(backbone.tokenizer, done)
             results[engine] = {
                 "rows": len(done),
@@ -78,44 +90,57 @@ def main(argv: list[str] | None = None) -> None:
                 "wall_s": wall,
                 "tokens_per_s": tokens / wall,
             }
+            if engine != "hf":
+                results[engine] |= {
+                    "startup_s": startup,
+                    "tokens_per_s_after_startup": tokens / (wall - startup),
+                }
             texts[engine] = {r.row_id: r.messages[-1]["content"] for r in done}
     print(f"{len(rows)} prompts, up to {args.max_new_tokens} new tokens, greedy, bf16, SmolLM2-135M")
     print("| engine | rows | tokens | wall s | tokens/s |")
     print("|---|---|---|---|---|")
-    same = None
-    if "hf" in results:
-        h = results["hf"]
+    for engine, r in results.items():
+        if engine == "hf":
+            name = f"HF generate (batch {args.batch_size})"
+            print(f"| {name} | {r['rows']} | {r['tokens']} | {r['wall_s']:.1f} | {r['tokens_per_s']:.1f} |")
+            continue
+        name = f"vLLM {'eager' if engine == 'vllm-eager' else 'compiled'} (chunk {args.vllm_chunk})"
         print(
-            f"| HF generate (batch {args.batch_size}) | {h['rows']} | {h['tokens']} | {h['wall_s']:.1f} | "
-            f"{h['tokens_per_s']:.1f} |"
-        )
-    if "vllm" in results:
-        with VllmEngine(
-            engine_spec(served_model(backbone), "bfloat16", args.max_length + args.max_new_tokens),
-            env=batch_env(),
-        ) as e:
-            startup = e.startup_s  # one more engine started alone: its start-up, to subtract
-        v = results["vllm"]
-        v["startup_s"] = startup
-        v["tokens_per_s_after_startup"] = v["tokens"] / max(v["wall_s"] - startup, 1e-9)
-        print(
-            f"| vLLM (chunk {args.vllm_chunk}), start-up included | {v['rows']} | {v['tokens']} | "
-            f"{v['wall_s']:.1f} | {v['tokens_per_s']:.1f} |"
+            f"| {name}, start-up included | {r['rows']} | {r['tokens']} | {r['wall_s']:.1f} | {r['tokens_per_s']:.1f} |"
         )
         print(
-            f"| vLLM, after its {startup:.0f} s start-up | {v['rows']} | {v['tokens']} | "
-            f"{v['wall_s'] - startup:.1f} | {v['tokens_per_s_after_startup']:.1f} |"
+            f"| {name}, after its {r['startup_s']:.0f} s start-up | {r['rows']} | {r['tokens']} | "
+            f"{r['wall_s'] - r['startup_s']:.1f} | {r['tokens_per_s_after_startup']:.1f} |"
         )
-    if len(results) == 2:
-        h, v = results["hf"], results["vllm"]
-        same = sum(texts["hf"].get(k) == t for k, t in texts["vllm"].items())
+    first, same = engines[0], {}
+    for engine in engines[1:]:
+        a, b = results[first], results[engine]
+        same[engine] = sum(texts[first].get(k) == t for k, t in texts[engine].items())
+        after = (
+            f", {b['tokens_per_s_after_startup'] / a['tokens_per_s_after_startup']:.2f}x after start-up"
+            if "startup_s" in a
+            else f", {b['tokens_per_s_after_startup'] / a['tokens_per_s']:.2f}x after {engine}'s start-up"
+        )
         print(
-            f"vLLM / HF: {v['tokens_per_s'] / h['tokens_per_s']:.2f}x with start-up, "
-            f"{v['tokens_per_s_after_startup'] / h['tokens_per_s']:.2f}x after; identical replies: "
-            f"{same}/{len(texts['vllm'])}"
+            f"{engine} / {first}: {b['tokens_per_s'] / a['tokens_per_s']:.2f}x with start-up{after}; "
+            f"identical replies: {same[engine]}/{len(texts[engine])}"
         )
     if args.out:
         args.out.write_text(json.dumps({"results": results, "identical_replies": same}, indent=1))
+
+
+@contextmanager
+def eager_env(engine: str):
+    """`vllm-eager`: HEADSTART_VLLM_EAGER=1 for the length of that engine's run (the default is compiled)."""
+    old = os.environ.get("HEADSTART_VLLM_EAGER")
+    os.environ["HEADSTART_VLLM_EAGER"] = "1" if engine == "vllm-eager" else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("HEADSTART_VLLM_EAGER")
+        else:
+            os.environ["HEADSTART_VLLM_EAGER"] = old
 
 
 if __name__ == "__main__":  # vLLM runs in a subprocess; the guard keeps imports side-effect free

@@ -34,10 +34,10 @@ class VllmRegen:
             )
         self.regen = regen
         # a prompt is < max_length tokens (longer ones are skipped before generation): room for the reply
-        spec = engine_spec(
-            model, DTYPE_NAMES.get(str(backbone.dtype), "bfloat16"), max_length + regen.max_new_tokens
-        )
         try:
+            spec = engine_spec(
+                model, DTYPE_NAMES.get(str(backbone.dtype), "bfloat16"), max_length + regen.max_new_tokens
+            )
             self.engine = VllmEngine(spec, env=batch_env())
         except VllmError as e:  # one line naming the fix, like every data error (train/cli.py)
             raise DataError(f"data.regen.engine=vllm: {e}") from e

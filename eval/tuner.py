@@ -222,7 +222,13 @@ def _decode(
 
 
 def measure(
-    method: str, backbone, loaded: LoadedDrafter, prompts: list[list[int]], cfg: TunerConfig, hooks, lookup: int = 0
+    method: str,
+    backbone,
+    loaded: LoadedDrafter,
+    prompts: list[list[int]],
+    cfg: TunerConfig,
+    hooks,
+    lookup: int = 0,
 ):
     """-> (costs without the drafter's, measured acceptance table, the probe's description, a prompt + answer
     to time steps after, the widest verify forward considered, the probe's steps as a lookup branch of `lookup`
@@ -259,7 +265,12 @@ def measure(
 
 
 def tune(
-    method: str, backbone, loaded: LoadedDrafter, prompts: list[list[int]], cfg: TunerConfig, lookup_tokens: int = 0
+    method: str,
+    backbone,
+    loaded: LoadedDrafter,
+    prompts: list[list[int]],
+    cfg: TunerConfig,
+    lookup_tokens: int = 0,
 ) -> dict | None:
     """Measure and choose -> the decoding record (what decoding.json holds), None when the proposer has no
     tuning hooks. With `lookup_tokens`, the tree is chosen for the decoder that carries a prompt-lookup branch

@@ -140,3 +140,15 @@ def test_regen_through_a_broken_vllm_is_a_data_error(backbone, tmp_path, monkeyp
     write_source(source, n=4)
     with pytest.raises(DataError, match="vllm-setup"):
         build_datasets(cfg(source, engine="vllm"), backbone.tokenizer, tmp_path, backbone, False)
+
+
+def test_engines_are_compiled_unless_eager_is_asked(monkeypatch):
+    from headstart.vllm_runner import VllmError, engine_spec
+
+    monkeypatch.delenv("HEADSTART_VLLM_EAGER", raising=False)
+    assert engine_spec("m")["enforce_eager"] is False  # vLLM's own default, on CPU too
+    monkeypatch.setenv("HEADSTART_VLLM_EAGER", "1")
+    assert engine_spec("m")["enforce_eager"] is True
+    monkeypatch.setenv("HEADSTART_VLLM_EAGER", "yes")
+    with pytest.raises(VllmError, match="HEADSTART_VLLM_EAGER='yes': expected 1"):
+        engine_spec("m")

