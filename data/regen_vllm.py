@@ -10,7 +10,7 @@ request finished on one: `_decode` then sees the same ids the HF path returns.
 from __future__ import annotations
 
 from headstart.data.config import DataError, RegenConfig
-from headstart.vllm_runner import VllmEngine, VllmError, batch_env, engine_spec, served_model
+from headstart.vllm_runner import VllmEngine, VllmError, batch_env, engine_spec, on_gpu, served_model
 
 DTYPE_NAMES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32"}
 
@@ -35,8 +35,11 @@ class VllmRegen:
         self.regen = regen
         # a prompt is < max_length tokens (longer ones are skipped before generation): room for the reply
         try:
-            spec = engine_spec(
-                model, DTYPE_NAMES.get(str(backbone.dtype), "bfloat16"), max_length + regen.max_new_tokens
+            spec = engine_spec(  # eager on CPU: compiling buys a batch job nothing there (engine_spec)
+                model,
+                DTYPE_NAMES.get(str(backbone.dtype), "bfloat16"),
+                max_length + regen.max_new_tokens,
+                eager_default=not on_gpu(),
             )
             self.engine = VllmEngine(spec, env=batch_env())
         except VllmError as e:  # one line naming the fix, like every data error (train/cli.py)

@@ -56,29 +56,38 @@ def batch_env() -> dict:
     return {} if on_gpu() else {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 
 
-def eager() -> bool:
-    """`HEADSTART_VLLM_EAGER=1`: start engines without vLLM's torch.compile (and, on a GPU, CUDA graphs); for a
-    machine without a C++ compiler (the CPU build's inductor needs one) or to debug. Anything else: compiled."""
+def eager(default: bool = False) -> bool:
+    """`HEADSTART_VLLM_EAGER=1`: engines without vLLM's torch.compile (and, on a GPU, CUDA graphs), e.g. on a
+    machine without a C++ compiler (the CPU build's inductor needs one); `=0`: compiled; unset: `default`."""
     value = os.environ.get("HEADSTART_VLLM_EAGER", "")
     if value not in ("", "0", "1"):
-        raise VllmError(f"HEADSTART_VLLM_EAGER={value!r}: expected 1 (eager) or 0 / unset (compiled)")
-    return value == "1"
+        raise VllmError(f"HEADSTART_VLLM_EAGER={value!r}: expected 1 (eager) or 0 (compiled), or unset")
+    return default if value == "" else value == "1"
 
 
-def engine_spec(model: str | Path, dtype: str = "bfloat16", max_model_len: int = 2048, **extra) -> dict:
+def engine_spec(
+    model: str | Path,
+    dtype: str = "bfloat16",
+    max_model_len: int = 2048,
+    eager_default: bool = False,
+    **extra,
+) -> dict:
     """`vllm.LLM` keyword arguments that work on a shared CPU and on a GPU.
 
     On CPU `gpu_memory_utilization` sizes the KV cache in RAM: the default (0.92) refuses to start beside other
     processes; 0.15 of 24 GiB is ~3.6 GB, room for hundreds of 1k-token sequences of a 135M model. The engine
-    is compiled as vLLM does by default (the CPU build: torch.compile with inductor, ~70 s more start-up, cached
-    in ~/.cache/vllm; measured on the 2-core CPU, 282 regeneration prompts: 432 vs 305 tokens/s eager), unless
-    `HEADSTART_VLLM_EAGER=1`. `generation_config="vllm"` keeps vLLM from applying the model's
-    generation_config.json defaults (repetition penalty, top-p): sampling is exactly what we ask."""
+    is compiled as vLLM compiles it by default (the CPU build: torch.compile with inductor, 50-80 s more
+    start-up), so the serve check's figures are what a vLLM user gets: on the 2-core CPU plain decoding at
+    batch size 1 ran ~30% faster than eager. `eager_default=True` (regeneration on CPU) starts it eager: wide
+    batches are matmul-bound, and compiled generation measured 0.94x-1.05x eager's tokens/s after a longer
+    start-up (`./launch.sh bench-regen --engines vllm-eager,vllm`; README). `HEADSTART_VLLM_EAGER` overrides
+    both. `generation_config="vllm"` keeps vLLM from applying the model's generation_config.json defaults
+    (repetition penalty, top-p): sampling is exactly what we ask."""
     spec = {
         "model": str(model),
         "dtype": dtype,
         "max_model_len": max_model_len,
-        "enforce_eager": eager(),
+        "enforce_eager": eager(eager_default),
         "gpu_memory_utilization": 0.8 if on_gpu() else 0.15,
         "generation_config": "vllm",
         "disable_log_stats": False,  # get_metrics() needs the stat loggers

@@ -146,9 +146,28 @@ def test_engines_are_compiled_unless_eager_is_asked(monkeypatch):
     from headstart.vllm_runner import VllmError, engine_spec
 
     monkeypatch.delenv("HEADSTART_VLLM_EAGER", raising=False)
-    assert engine_spec("m")["enforce_eager"] is False  # vLLM's own default, on CPU too
+    assert engine_spec("m")["enforce_eager"] is False  # vLLM's own default, on CPU too (the serve check)
+    assert engine_spec("m", eager_default=True)["enforce_eager"] is True  # regeneration on CPU
     monkeypatch.setenv("HEADSTART_VLLM_EAGER", "1")
     assert engine_spec("m")["enforce_eager"] is True
+    monkeypatch.setenv("HEADSTART_VLLM_EAGER", "0")
+    assert engine_spec("m", eager_default=True)["enforce_eager"] is False
     monkeypatch.setenv("HEADSTART_VLLM_EAGER", "yes")
     with pytest.raises(VllmError, match="HEADSTART_VLLM_EAGER='yes': expected 1"):
         engine_spec("m")
+
+
+def test_regeneration_starts_vllm_eager_on_cpu(backbone, monkeypatch):
+    specs = []
+
+    class Engine:
+        def __init__(self, spec, env=None):
+            specs.append(spec)
+
+    monkeypatch.delenv("HEADSTART_VLLM_EAGER", raising=False)
+    monkeypatch.setattr(regen_vllm, "VllmEngine", Engine)
+    monkeypatch.setattr(backbone.model, "name_or_path", "/some/folder")
+    for gpu in (False, True):
+        monkeypatch.setattr(regen_vllm, "on_gpu", lambda gpu=gpu: gpu)
+        regen_vllm.VllmRegen(backbone, RegenConfig(engine="vllm"), 64)
+    assert [s["enforce_eager"] for s in specs] == [True, False]
