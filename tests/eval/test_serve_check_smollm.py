@@ -47,7 +47,12 @@ def briefly_trained_heads(tmp_path):
     return save_drafter(tmp_path / "run" / "drafter", heads, "medusa", heads.cfg, cfg, backbone)
 
 
-def test_serve_check_medusa_in_vllm(tmp_path):
+def test_serve_check_medusa_in_vllm(tmp_path, monkeypatch):
+    # The heads memorize HF's float32 greedy answers, so they accept only while an engine follows them: vLLM's
+    # eager engine does for longer than its compiled one (different bf16 kernels; measured: position 1 at 0.29
+    # compiled vs 0.57 ours, where eager passes). This test is about the export being read right, not about
+    # numerics; real heads read the same in the compiled engine (README: tau 1.34 vs ours 1.31).
+    monkeypatch.setenv("HEADSTART_VLLM_EAGER", "1")
     drafter = briefly_trained_heads(tmp_path)
     report = serve_check(drafter, QUESTIONS, tmp_path / "run" / "serve_check", k=2, max_new=32)
     (row,) = report["layouts"]
