@@ -17,9 +17,9 @@ import json
 import os
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from unittest.mock import patch
 
 from headstart.data.build import select_rows
 from headstart.data.config import DataConfig, RegenConfig
@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--engines", default="hf,vllm", help="comma-separated: hf, vllm, vllm-eager")
     p.add_argument("--out", type=Path, help="write the results as JSON here too")
     args = p.parse_args(argv)
+    engines = [e for e in args.engines.split(",") if e]
+    if not engines or set(engines) - set(ENGINES):
+        p.error(f"--engines={args.engines!r}: expected a comma-separated subset of {','.join(ENGINES)}")
 
     backbone = load_backbone(BackboneConfig())
     cfg = DataConfig(max_rows=args.n, eval_rows=0, max_length=args.max_length)
@@ -60,12 +63,10 @@ def main(argv: list[str] | None = None) -> None:
         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, vllm_chunk=args.vllm_chunk
     )
     results, texts = {}, {}
-    engines = [e for e in args.engines.split(",") if e]
-    if not engines or set(engines) - set(ENGINES):
-        p.error(f"--engines={args.engines!r}: expected a comma-separated subset of {','.join(ENGINES)}")
     with tempfile.TemporaryDirectory() as tmp:
         for engine in engines:
-            with eager_env(engine):
+            # vllm-eager / vllm: HEADSTART_VLLM_EAGER=1 / 0 for that engine's run only (engine_spec reads it)
+            with patch.dict(os.environ, {"HEADSTART_VLLM_EAGER": "1" if engine == "vllm-eager" else "0"}):
                 t0 = time.perf_counter()
                 done, _ = regenerate(
                     rows,
@@ -127,20 +128,6 @@ def main(argv: list[str] | None = None) -> None:
         )
     if args.out:
         args.out.write_text(json.dumps({"results": results, "identical_replies": same}, indent=1))
-
-
-@contextmanager
-def eager_env(engine: str):
-    """`vllm-eager`: HEADSTART_VLLM_EAGER=1 for the length of that engine's run (the default is compiled)."""
-    old = os.environ.get("HEADSTART_VLLM_EAGER")
-    os.environ["HEADSTART_VLLM_EAGER"] = "1" if engine == "vllm-eager" else "0"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("HEADSTART_VLLM_EAGER")
-        else:
-            os.environ["HEADSTART_VLLM_EAGER"] = old
 
 
 if __name__ == "__main__":  # vLLM runs in a subprocess; the guard keeps imports side-effect free
