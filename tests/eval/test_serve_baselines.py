@@ -41,16 +41,3 @@ def test_markdown_names_every_run_and_the_wins():
     assert "| math | 2.00x |" in md and "| rag | 0.80x |" in md
     assert "1/2 categories in vLLM, 1/2 in headstart's decoder" in md
     assert "`ngram` (4 drafts, n-grams 1..3)" in md
-
-
-def test_plain_runs_before_and_after_are_pooled_and_drift_is_noted():
-    from headstart.eval.serving import EngineRun, pool_plain
-
-    plain = EngineRun(True, tokens_per_s=10.0, per_prompt=[(10, 1.0), (20, 2.0)])
-    after = EngineRun(True, tokens_per_s=15.0, per_prompt=[(10, 0.5), (20, 1.5)])
-    note = pool_plain(plain, after)
-    assert plain.per_prompt == [(20, 1.5), (40, 3.5)] and plain.tokens_per_s == pytest.approx(60 / 5.0)
-    assert "+50%" in note and "10.0 tok/s before" in note
-    steady = EngineRun(True, tokens_per_s=10.0, per_prompt=[(10, 1.0)])
-    assert pool_plain(steady, EngineRun(True, tokens_per_s=10.5, per_prompt=[(10, 0.95)])) == ""
-    assert pool_plain(steady, EngineRun(False)) == "" and steady.per_prompt == [(20, 1.95)]

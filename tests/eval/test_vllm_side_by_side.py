@@ -1,0 +1,231 @@
+"""Side-by-side vLLM timing without vLLM: the interleaving (eval/interleave.py), the K sweep that measures vLLM's
+chain length in vLLM (eval/vllm_k.py) and the serve check's flow (eval/serving.py), on a fake engine whose
+step cost and acceptance per K are set by the test. The real engines run in the slow serve-check test."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from headstart.eval import interleave as il
+from headstart.models.checkpoint import read_decoding, write_decoding
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class FakeEngine:
+    """A vLLM engine stand-in: every answer is `max_tokens` tokens (no EOS); a speculative engine with K drafts
+    accepts ACCEPT[K] tokens a step and takes STEP_S[K] seconds a step, a plain one PLAIN_S a token."""
+
+    PLAIN_S = 0.010
+    STEP_S = {1: 0.011, 2: 0.012, 3: 0.016, 4: 0.020}  # 4: the ngram baseline's K
+    ACCEPT = {1: 0.5, 2: 0.8, 3: 0.9, 4: 0.95}
+    started: list[dict] = []
+
+    def __init__(self, spec: dict, log_path=None, env=None) -> None:
+        self.spec, self.log_path, self.startup_s = spec, log_path, 1.0
+        self.k = (spec.get("speculative_config") or {}).get("num_speculative_tokens", 0)
+        self.drafts = self.accepted = 0
+        FakeEngine.started.append(spec)
+
+    def generate(self, prompts, max_tokens, temperature=0.0, seeds=None, stop_token_ids=None):
+        if not self.k:
+            return {"outputs": [{"token_ids": [5] * max_tokens}], "time_s": max_tokens * self.PLAIN_S}
+        steps = math.ceil(max_tokens / (1 + self.ACCEPT[self.k]))
+        self.drafts += steps
+        self.accepted += max_tokens - steps
+        return {"outputs": [{"token_ids": [5] * max_tokens}], "time_s": steps * self.STEP_S[self.k]}
+
+    def metrics(self):
+        if not self.k:
+            return []
+        per_pos = [int(self.accepted * (0.9**i) / sum(0.9**j for j in range(self.k))) for i in range(self.k)]
+        return [
+            {"name": "vllm:spec_decode_num_drafts", "value": self.drafts},
+            {"name": "vllm:spec_decode_num_draft_tokens", "value": self.drafts * self.k},
+            {"name": "vllm:spec_decode_num_accepted_tokens", "value": self.accepted},
+            {"name": "vllm:spec_decode_num_accepted_tokens_per_pos", "values": per_pos},
+        ]
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+class Recorder:
+    def __init__(self, name: str, log: list) -> None:
+        self.name, self.log = name, log
+
+    def warm_up(self, prompt):
+        self.log.append(("warm", self.name))
+
+    def run(self, prompt, max_new):
+        self.log.append((self.name, prompt[0]))
+        return [1] * max_new, 0.5 * max_new
+
+
+def test_every_prompt_runs_on_every_runner_in_a_rotating_order():
+    log: list = []
+    runners = {n: Recorder(n, log) for n in "abc"}
+    done = []
+    out = il.interleave(runners, [[0], [1], [2], [3]], 4, lambda i, n: done.append((i, n)))
+    assert log[:3] == [("warm", "a"), ("warm", "b"), ("warm", "c")]  # every engine warm before any timing
+    order = [name for name, _ in log[3:]]
+    assert order == list("abc" + "bca" + "cab" + "abc")  # prompt i starts at runner i mod 3
+    assert [p for _, p in log[3:]] == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3  # one prompt at a time
+    assert out["b"]["per_prompt"] == [(4, 2.0)] * 4 and out["c"]["outputs"][0] == [1] * 4
+    assert done == [(1, 4), (2, 4), (3, 4), (4, 4)]
+
+
+def test_outputs_are_cut_at_the_first_eos():
+    assert il.strip_eos([3, 4, 2, 5], {2}) == [3, 4] and il.strip_eos([3, 4], {2}) == [3, 4]
+
+
+def test_engines_alive_together_share_the_memory_fraction(monkeypatch):
+    import headstart.vllm_runner as vr
+
+    monkeypatch.setattr(vr, "on_gpu", lambda: False)
+    assert vr.engine_spec("m")["gpu_memory_utilization"] == pytest.approx(0.15)
+    assert vr.engine_spec("m", engines=2)["gpu_memory_utilization"] == pytest.approx(0.075)
+    assert vr.engine_spec("m", engines=5)["gpu_memory_utilization"] == pytest.approx(0.075)  # the CPU floor
+    monkeypatch.setattr(vr, "on_gpu", lambda: True)
+    assert vr.engine_spec("m", engines=4)["gpu_memory_utilization"] == pytest.approx(0.2)
+
+
+# ---------------------------------------------------------------- the K sweep
+
+
+@pytest.fixture
+def medusa_ckpt(tmp_path):
+    from headstart.models.backbone import BackboneConfig, load_backbone
+    from headstart.models.checkpoint import build_drafter, save_drafter
+    from headstart.models.medusa import MedusaConfig
+
+    cfg = BackboneConfig(name="tiny", path="tiny", dtype="float32", tiny={"seed": 3})
+    bb, mcfg = load_backbone(cfg), MedusaConfig(num_heads=3)
+    return save_drafter(
+        tmp_path / "run" / "drafter", build_drafter("medusa", mcfg, bb), "medusa", mcfg, cfg, bb
+    )
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    import headstart.eval.serving as serving
+    import headstart.eval.vllm_k as vk
+    import headstart.vllm_runner as vr
+
+    FakeEngine.started = []
+    monkeypatch.setattr(vr, "on_gpu", lambda: False)
+    for module in (vk, serving):
+        monkeypatch.setattr(module, "VllmEngine", FakeEngine)
+        monkeypatch.setattr(module, "served_model", lambda backbone: "converted-folder")
+    return FakeEngine
+
+
+def _tuner_record(k: int = 3) -> dict:
+    """A decoding.json as the tuner writes it (the fields the sweep and the exports read)."""
+    return {
+        "decoder": {"tree": [[0]]},
+        "decoder_summary": {"verify_width": 2},
+        "conditions": {"device": "cpu"},
+        "acceptance": {"table": [[0.5], [0.4], [0.3]]},
+        "vllm": {"num_speculative_tokens": k, "tokens_per_step": 1.9, "speedup": 1.4},
+    }
+
+
+def test_the_k_sweep_serves_every_k_side_by_side_and_keeps_the_fastest(medusa_ckpt, fake_vllm, tmp_path):
+    from headstart.eval.vllm_k import sweep
+
+    write_decoding(medusa_ckpt, _tuner_record(k=3))
+    report = sweep(medusa_ckpt, ["Say hi.", "Count to three."], tmp_path / "k", [1, 2, 3], max_new=30)
+    # one plain engine and one per K, all started before the timing, sharing the memory
+    assert len(fake_vllm.started) == 4 and fake_vllm.started[0].get("speculative_config") is None
+    assert [s["speculative_config"]["num_speculative_tokens"] for s in fake_vllm.started[1:]] == [1, 2, 3]
+    assert all(s["gpu_memory_utilization"] <= 0.075 + 1e-9 for s in fake_vllm.started)
+    by_k = report["summary"]["by_k"]
+    # K=2: 1.8 tokens a step at 12 ms vs plain 10 ms a token -> 1.5x; K=1 1.36x; K=3 1.19x
+    steps = math.ceil(30 / 1.8)
+    assert by_k[2]["speedup"] == pytest.approx((30 / (steps * 0.012)) / 100)
+    assert by_k[2]["tau"] == pytest.approx(1 + (30 - steps) / steps)
+    assert by_k[2]["step_ms"] == pytest.approx(12.0)
+    assert by_k[1]["speedup"] < by_k[2]["speedup"] and by_k[3]["speedup"] < by_k[2]["speedup"]
+    # the table's prediction at vLLM's own step costs: chain of 2 expects 1 + 0.5 + 0.5 * 0.4 = 1.7 tokens
+    assert by_k[2]["predicted_tau"] == pytest.approx(1.7)
+    assert by_k[2]["predicted_speedup"] == pytest.approx(1.7 * 10.0 / 12.0)
+    assert report["chosen"] == 2 and report["tuner_k"] == 3 and report["written"]
+    saved = read_decoding(medusa_ckpt)["vllm"]
+    assert saved["num_speculative_tokens"] == 2 and saved["source"] == "vllm"
+    assert saved["tuner"]["num_speculative_tokens"] == 3 and set(saved["sweep"]) == {"1", "2", "3"}
+    md = (tmp_path / "k" / "vllm_k.md").read_text()
+    assert "Chosen: K = 2 (written to decoding.json); the tuner had predicted K = 3" in md
+    assert json.loads((tmp_path / "k" / "vllm_k.json").read_text())["chosen"] == 2
+
+
+def test_exports_and_cards_follow_the_k_vllm_chose(medusa_ckpt, fake_vllm, tmp_path):
+    from headstart.eval.vllm_k import sweep
+    from headstart.models.export import export
+
+    write_decoding(medusa_ckpt, _tuner_record(k=3))
+    sweep(medusa_ckpt, ["Say hi."], tmp_path / "k", [1, 2], max_new=20)
+    (folder,) = export(medusa_ckpt, tmp_path / "out", ["vllm"])
+    assert json.loads((folder / "config.json").read_text())["num_heads"] == 2
+    card = (folder / "README.md").read_text()
+    assert '"num_speculative_tokens": 2' in card and "was the fastest of K = 1, 2 measured in vLLM" in card
+    assert str(tmp_path) not in card  # nothing published carries a local path
+
+
+def test_no_decoding_json_reports_without_writing(medusa_ckpt, fake_vllm, tmp_path):
+    from headstart.eval.vllm_k import sweep
+
+    report = sweep(medusa_ckpt, ["Say hi."], tmp_path / "k", [1, 2], max_new=20)
+    assert report["chosen"] == 2 and not report["written"] and read_decoding(medusa_ckpt) is None
+    assert report["summary"]["by_k"][1]["predicted_speedup"] is None  # no acceptance table to predict from
+    with pytest.raises(ValueError, match="chain lengths >= 1"):
+        sweep(medusa_ckpt, ["Say hi."], tmp_path / "k", [0, 1], max_new=20)
+
+
+def test_the_tuner_keeps_a_k_vllm_measured_for_the_same_weights_and_device():
+    from headstart.eval.tuner import measured_k
+
+    new = {"conditions": {"weights": "w1", "device_name": "cpu-x"}, "vllm": {"num_speculative_tokens": 3}}
+    old = {"vllm": {"num_speculative_tokens": 2, "source": "vllm", "weights": "w1", "device_name": "cpu-x"}}
+    kept = measured_k(old, new)
+    assert kept["num_speculative_tokens"] == 2 and kept["tuner"] == {"num_speculative_tokens": 3}
+    assert measured_k({"vllm": {**old["vllm"], "weights": "w2"}}, new) is None  # retrained heads
+    assert measured_k({"vllm": {**old["vllm"], "device_name": "gpu"}}, new) is None  # another device
+    assert measured_k({"vllm": {"num_speculative_tokens": 2}}, new) is None  # the tuner's own prediction
+    assert measured_k(None, new) is None
+
+
+# ---------------------------------------------------------------- the serve check's flow
+
+
+def test_the_serve_check_starts_every_engine_first_and_interleaves(medusa_ckpt, fake_vllm, tmp_path):
+    from headstart.eval.serving import serve_check
+
+    questions = ["Say hi.", "Count to three.", "Name a colour.", "Add 2 and 2."]
+    report = serve_check(
+        medusa_ckpt, questions, tmp_path / "sc", k=2, max_new=12, categories=["a", "a", "b", "b"]
+    )
+    # vLLM plain, the Medusa vLLM layout and ngram, alive together
+    kinds = [(s.get("speculative_config") or {}).get("method") for s in fake_vllm.started]
+    assert kinds == [None, "medusa", "ngram"] and all(
+        s["gpu_memory_utilization"] == 0.075 for s in fake_vllm.started
+    )
+    assert report["timing"] == "interleaved" and report["k"] == 2
+    (row,) = report["layouts"]
+    assert row["vllm"]["loaded"] and row["vllm"]["tau"] == pytest.approx(
+        1 + (12 - 7) / 7
+    )  # ceil(12 / 1.8) = 7
+    assert len(row["vllm"]["per_prompt"]) == 4 and len(row["ours"]["per_prompt"]) == 4
+    b = report["baselines"]
+    assert set(b["speedup"]) == {"vllm:medusa-vllm", "vllm:ngram", "ours:drafter", "ours:prompt_lookup"}
+    assert b["speedup"]["vllm:medusa-vllm"]["all"] == pytest.approx((12 / (7 * 0.012)) / 100)
+    assert "Timed side by side" in (tmp_path / "sc" / "serve_check.md").read_text()
