@@ -5,7 +5,11 @@ ran 12-17% faster after the speculative runs than before them, on the same promp
 first (vLLM's each in its own process, headstart's decoders in this one) and the prompts interleaved, a slow
 minute slows every engine alike, so the ratios between them hold. An engine that waits costs the others
 nothing: measured on the 2-core CPU, vLLM plain decoding ran 37.2 tok/s alone and 37.5 with a second, idle
-engine alive (session 9). The order rotates with the prompt so no engine always runs
+engine alive (session 9). One thing an engine that just ran does cost the next: vLLM's
+worker busy-polls its shared-memory queue for 1 s after each request (`busy_loop_s` in vLLM's shm_broadcast)
+before it sleeps, so a runner declares `settle_s` and the next run waits that long. Measured, two identical
+plain engines interleaved on 11 prompts x 96 tokens: 24.1 / 25.0 tok/s back to back, 25.5 / 26.2 with a
+1.2 s gap, 25.9 / 26.6 alone before / after. The order rotates with the prompt so no engine always runs
 first after the previous prompt's longest run.
 """
 
@@ -18,6 +22,10 @@ from headstart.eval import vllm_counters as vc
 
 
 class Runner(Protocol):
+    settle_s: (
+        float  # seconds the next run waits after this one (what the engine keeps doing after it answers)
+    )
+
     def warm_up(self, prompt: list[int]) -> None: ...
     def run(self, prompt: list[int], max_new: int) -> tuple[list[int], float]: ...
 
@@ -30,6 +38,8 @@ def strip_eos(tokens: list[int], eos: set[int]) -> list[int]:
 
 class VllmRunner:
     """One vLLM engine at batch size 1, greedy; its spec-decode counters read around the timed prompts."""
+
+    settle_s = 1.2  # its worker busy-polls for 1 s after a request: the next run waits this long
 
     def __init__(self, engine, eos: list[int]) -> None:
         self.engine, self.eos = engine, eos
@@ -50,6 +60,8 @@ class VllmRunner:
 
 class OursRunner:
     """headstart's decoder in this process; DecodeStats summed over the timed prompts."""
+
+    settle_s = 0.0
 
     def __init__(self, decoder, eos: set[int]) -> None:
         self.decoder, self.eos = decoder, eos
@@ -83,16 +95,19 @@ class OursRunner:
 def interleave(
     runners: dict[str, Runner], prompts: list[list[int]], max_new: int, progress=None
 ) -> dict[str, dict]:
-    """Warm every runner up, then run prompt i on each runner in turn, starting from runner i mod n.
-    -> {name: {"outputs": [...], "per_prompt": [(tokens, seconds), ...]}} in prompt order. `progress(i, n)`
-    is called after each prompt."""
+    """Warm every runner up, then run prompt i on each runner in turn, starting from runner i mod n, each
+    run after the previous runner's `settle_s`. -> {name: {"outputs": [...], "per_prompt": [(tokens,
+    seconds), ...]}} in prompt order. `progress(i, n)` is called after each prompt."""
     names = list(runners)
     for r in runners.values():
         r.warm_up(prompts[0])
     out = {n: {"outputs": [], "per_prompt": []} for n in names}
+    settle = max(getattr(r, "settle_s", 0.0) for r in runners.values())  # after the warm-ups
     for i, p in enumerate(prompts):
         for n in names[i % len(names) :] + names[: i % len(names)]:
+            time.sleep(settle)
             tokens, seconds = runners[n].run(p, max_new)
+            settle = getattr(runners[n], "settle_s", 0.0)
             out[n]["outputs"].append(tokens)
             out[n]["per_prompt"].append((len(tokens), seconds))
         if progress:

@@ -60,8 +60,8 @@ class FakeEngine:
 
 
 class Recorder:
-    def __init__(self, name: str, log: list) -> None:
-        self.name, self.log = name, log
+    def __init__(self, name: str, log: list, settle_s: float = 0.0) -> None:
+        self.name, self.log, self.settle_s = name, log, settle_s
 
     def warm_up(self, prompt):
         self.log.append(("warm", self.name))
@@ -84,6 +84,17 @@ def test_every_prompt_runs_on_every_runner_in_a_rotating_order():
     assert done == [(1, 4), (2, 4), (3, 4), (4, 4)]
 
 
+def test_a_run_waits_for_the_previous_engine_to_settle(monkeypatch):
+    """vLLM's worker busy-polls for 1 s after it answers: the next run (on any engine) starts after that."""
+    slept, log = [], []
+    monkeypatch.setattr(il.time, "sleep", slept.append)
+    runners = {"vllm": Recorder("vllm", log, settle_s=1.2), "ours": Recorder("ours", log)}
+    il.interleave(runners, [[0], [1]], 2)
+    # before the first run: the warm-ups' settle; then after vllm 1.2, after ours 0
+    assert [n for n, _ in log[2:]] == ["vllm", "ours", "ours", "vllm"]
+    assert slept == [1.2, 1.2, 0.0, 0.0]
+
+
 def test_outputs_are_cut_at_the_first_eos():
     assert il.strip_eos([3, 4, 2, 5], {2}) == [3, 4] and il.strip_eos([3, 4], {2}) == [3, 4]
 
@@ -92,6 +103,7 @@ def test_engines_alive_together_share_the_memory_fraction(monkeypatch):
     import headstart.vllm_runner as vr
 
     monkeypatch.setattr(vr, "on_gpu", lambda: False)
+    monkeypatch.setattr(il.VllmRunner, "settle_s", 0.0)  # a fake engine does not busy-poll
     assert vr.engine_spec("m")["gpu_memory_utilization"] == pytest.approx(0.15)
     assert vr.engine_spec("m", engines=2)["gpu_memory_utilization"] == pytest.approx(0.075)
     assert vr.engine_spec("m", engines=5)["gpu_memory_utilization"] == pytest.approx(0.075)  # the CPU floor
