@@ -103,7 +103,6 @@ def test_engines_alive_together_share_the_memory_fraction(monkeypatch):
     import headstart.vllm_runner as vr
 
     monkeypatch.setattr(vr, "on_gpu", lambda: False)
-    monkeypatch.setattr(il.VllmRunner, "settle_s", 0.0)  # a fake engine does not busy-poll
     assert vr.engine_spec("m")["gpu_memory_utilization"] == pytest.approx(0.15)
     assert vr.engine_spec("m", engines=2)["gpu_memory_utilization"] == pytest.approx(0.075)
     assert vr.engine_spec("m", engines=5)["gpu_memory_utilization"] == pytest.approx(0.075)  # the CPU floor
@@ -135,6 +134,7 @@ def fake_vllm(monkeypatch):
 
     FakeEngine.started = []
     monkeypatch.setattr(vr, "on_gpu", lambda: False)
+    monkeypatch.setattr(il.VllmRunner, "settle_s", 0.0)  # a fake engine does not busy-poll
     for module in (vk, serving):
         monkeypatch.setattr(module, "VllmEngine", FakeEngine)
         monkeypatch.setattr(module, "served_model", lambda backbone: "converted-folder")
