@@ -7,7 +7,8 @@ import pytest
 
 from headstart.eval import vllm_counters as vc
 from headstart.eval.engine.proposers import chain_options
-from headstart.eval.serving import EngineRun, OursRun, strip_eos, verdict
+from headstart.eval.interleave import strip_eos
+from headstart.eval.serving import EngineRun, OursRun, verdict
 
 
 def metrics(drafts, accepted, per_pos, draft_tokens=0, engines=1):

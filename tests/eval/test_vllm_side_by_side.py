@@ -95,10 +95,6 @@ def test_a_run_waits_for_the_previous_engine_to_settle(monkeypatch):
     assert slept == [1.2, 1.2, 0.0, 0.0]
 
 
-def test_outputs_are_cut_at_the_first_eos():
-    assert il.strip_eos([3, 4, 2, 5], {2}) == [3, 4] and il.strip_eos([3, 4], {2}) == [3, 4]
-
-
 def test_engines_alive_together_share_the_memory_fraction(monkeypatch):
     import headstart.vllm_runner as vr
 
