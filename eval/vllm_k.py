@@ -113,6 +113,11 @@ def sweep(
     if not ks or min(ks) < 1:
         raise ValueError(f"K sweep {ks}: give one or more chain lengths >= 1, e.g. --ks 1,2,3")
     meta = read_meta(drafter_dir)
+    heads = meta.get("method_config", {}).get("num_heads")  # Medusa drafts one token per head
+    if heads and max(ks) > heads:
+        raise ValueError(
+            f"K sweep {ks}: these Medusa heads draft at most {heads} tokens. Fix: --ks 1..{heads}"
+        )
     record = read_decoding(drafter_dir)
     layouts = [lay for lay in export_layouts(drafter_dir, meta, out / "export") if lay.required]
     if not layouts:

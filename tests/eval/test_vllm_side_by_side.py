@@ -197,6 +197,8 @@ def test_no_decoding_json_reports_without_writing(medusa_ckpt, fake_vllm, tmp_pa
     assert report["summary"]["by_k"][1]["predicted_speedup"] is None  # no acceptance table to predict from
     with pytest.raises(ValueError, match="chain lengths >= 1"):
         sweep(medusa_ckpt, ["Say hi."], tmp_path / "k", [0, 1], max_new=20)
+    with pytest.raises(ValueError, match="at most 3 tokens. Fix: --ks 1..3"):
+        sweep(medusa_ckpt, ["Say hi."], tmp_path / "k", [2, 4], max_new=20)
 
 
 def test_the_tuner_keeps_a_k_vllm_measured_for_the_same_weights_and_device():
