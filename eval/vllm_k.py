@@ -145,41 +145,42 @@ def sweep(
         timed = interleave(runners, prompts, max_new, lambda i, total: bar.update(1))
         bar.close()
         counters = {k: runners[f"k{k}"].counters() for k in ks}
-    table = (record or {}).get("acceptance", {}).get("table")
-    summary = summarize(timed, counters, ks, table)
-    chosen = choose(summary)
-    v = (record or {}).get("vllm", {})
-    tuner_k = v.get("tuner", v).get("num_speculative_tokens")
-    written = False
-    if write and record is not None:
-        best = summary["by_k"][chosen]
-        record["vllm"] = {
-            "num_speculative_tokens": chosen,
-            "source": "vllm",
-            "tokens_per_step": best["tau"],
-            "speedup": best["speedup"],
+        # the report is written before the engines close (closing four takes over a minute): a kill then loses nothing
+        table = (record or {}).get("acceptance", {}).get("table")
+        summary = summarize(timed, counters, ks, table)
+        chosen = choose(summary)
+        v = (record or {}).get("vllm", {})
+        tuner_k = v.get("tuner", v).get("num_speculative_tokens")
+        written = False
+        if write and record is not None:
+            best = summary["by_k"][chosen]
+            record["vllm"] = {
+                "num_speculative_tokens": chosen,
+                "source": "vllm",
+                "tokens_per_step": best["tau"],
+                "speedup": best["speedup"],
+                "vllm_engine": "eager" if eager() else "compiled",
+                "device_name": device_name(backbone.device),  # what the tuner keeps it for, with the weights
+                "weights": weights_signature(drafter_dir),
+                "sweep": {str(k): v for k, v in summary["by_k"].items()},
+                "tuner": record["vllm"].get("tuner", record["vllm"]),  # the tuner's own prediction, kept
+            }
+            write_decoding(drafter_dir, record)
+            written = True
+        report = {
+            "checkpoint": str(drafter_dir),
+            "layout": lay.name,
             "vllm_engine": "eager" if eager() else "compiled",
-            "device_name": device_name(backbone.device),  # what the tuner keeps it for, with the weights
-            "weights": weights_signature(drafter_dir),
-            "sweep": {str(k): v for k, v in summary["by_k"].items()},
-            "tuner": record["vllm"].get("tuner", record["vllm"]),  # the tuner's own prediction, kept
+            "prompts": len(prompts),
+            "max_new_tokens": max_new,
+            "summary": summary,
+            "chosen": chosen,
+            "tuner_k": tuner_k,
+            "written": written,
         }
-        write_decoding(drafter_dir, record)
-        written = True
-    report = {
-        "checkpoint": str(drafter_dir),
-        "layout": lay.name,
-        "vllm_engine": "eager" if eager() else "compiled",
-        "prompts": len(prompts),
-        "max_new_tokens": max_new,
-        "summary": summary,
-        "chosen": chosen,
-        "tuner_k": tuner_k,
-        "written": written,
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "vllm_k.json").write_text(json.dumps(report, indent=1))
-    (out / "vllm_k.md").write_text(to_markdown(report))
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "vllm_k.json").write_text(json.dumps(report, indent=1))
+        (out / "vllm_k.md").write_text(to_markdown(report))
     return report
 
 
