@@ -28,7 +28,7 @@ from headstart.data.chat import IGNORE, Sample, tokenize_rows
 from headstart.data.config import DataConfig, DataError
 from headstart.data.dataset import TokenizedDataset
 from headstart.data.loading import open_source
-from headstart.data.selfdistill import regen_file, regenerate, resolve_engine
+from headstart.data.selfdistill import collect, fill, regen_file, resolve_engine
 from headstart.data.sources import Row, Skips, read_rows
 from headstart.logs import FILE_ONLY
 
@@ -178,14 +178,16 @@ def build_datasets(
     del rows
     splits, skipped = {}, dict(stats["skipped"])
     examples = dict(stats["skipped_examples"])
+    if regenerated:  # both splits through one engine: one vLLM start-up (~1.5 min on a CPU), not two
+        file = regen_file(cache_dir, backbone_fp, cfg.regen, cfg.max_length)
+        done, generated = fill(
+            eval_rows + train_rows, backbone, cfg.regen, cfg.max_length, file, cfg.seed, show_progress
+        )
     for split, part in (("eval", eval_rows), ("train", train_rows)):
         skips = Skips()
         selected = part
         if regenerated:
-            file = regen_file(cache_dir, backbone_fp, cfg.regen, cfg.max_length)
-            part, stats[f"{split}_regen"] = regenerate(
-                part, backbone, cfg.regen, cfg.max_length, file, skips, cfg.seed, show_progress
-            )
+            part, stats[f"{split}_regen"] = collect(part, done, generated, skips)
         t0 = time.perf_counter()
         samples = _tokenize(tokenizer, part, cfg, skips, split, show_progress)
         stats[split] = _split_stats(selected, samples, skips)

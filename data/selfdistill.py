@@ -181,6 +181,22 @@ def regenerate(
     """Rows with regenerated assistant turns (same order; rows that could not be regenerated go to `skips`).
     Finished rows are read from / appended to the JSON-lines file `path`. `regen.engine` must be resolved
     (`resolve_engine`)."""
+    done, generated = fill(rows, backbone, regen, max_length, path, seed, show_progress)
+    return collect(rows, done, generated, skips)
+
+
+def fill(
+    rows: list[Row],
+    backbone,
+    regen: RegenConfig,
+    max_length: int,
+    path: Path,
+    seed: int = 0,
+    show_progress: bool = True,
+) -> tuple[dict[str, dict], set[str]]:
+    """Generate the rows `path` does not hold yet, with one engine for all of them (several splits in one
+    call pay one vLLM start-up), appending each chunk to `path` as it finishes. -> (every finished record by
+    row key, the keys generated now)."""
     done = _load_done(path)
     todo = [r for r in rows if row_key(r) not in done]
     log.info(
@@ -216,13 +232,23 @@ def regenerate(
             f.flush()
             os.fsync(f.fileno())
             bar.update(len(batch))
-    out, unfinished = [], 0
+    return done, {row_key(r) for r in todo}
+
+
+def collect(
+    rows: list[Row], done: dict[str, dict], generated: set[str], skips: Skips
+) -> tuple[list[Row], dict]:
+    """`rows` with their regenerated turns from `done` (`fill`'s records), skipped ones counted in `skips`;
+    -> (rows, stats: generated now / cached / cut by max_new_tokens)."""
+    out, unfinished, new = [], 0, 0
     for row in rows:
-        rec = done[row_key(row)]
+        key = row_key(row)
+        new += key in generated
+        rec = done[key]
         if "skip" in rec:
             skips.add(rec["skip"], f"row {row.row_id}: {row.messages!r}")
             continue
         out.append(Row(row.row_id, rec["messages"], rec["open_end"]))
         unfinished += rec["open_end"]
-    stats = {"generated": len(todo), "cached": len(rows) - len(todo), "cut_by_max_new_tokens": unfinished}
+    stats = {"generated": new, "cached": len(rows) - new, "cut_by_max_new_tokens": unfinished}
     return out, stats

@@ -72,21 +72,23 @@ def test_hf_cache_key_is_unchanged_and_vllm_gets_its_own():
 
 def test_vllm_path_chunks_resumes_and_never_duplicates(backbone, tmp_path, fake_vllm):
     source = tmp_path / "d.json"
-    write_source(source, n=9)  # eval 2, train 7: chunks of 3 -> 3, 3, 1
+    write_source(source, n=9)  # eval 2 + train 7 through one engine: chunks of 3 -> 3, 3, 3
     fake_vllm.fail_on_call = 2
     with pytest.raises(RuntimeError, match="simulated crash"):
         build_datasets(
             cfg(source, engine="vllm", vllm_chunk=3), backbone.tokenizer, tmp_path, backbone, False
         )
     (path,) = (tmp_path / "regen").glob("*.jsonl")
-    assert len(path.read_text().splitlines()) == 2 + 3  # eval, and the train chunk finished before the crash
+    assert len(path.read_text().splitlines()) == 3  # the chunk finished before the crash (eval 2, train 1)
     with open(path, "a") as f:  # a kill -9 in the middle of a write
         f.write('{"key": "half-writ')
     fake_vllm.fail_on_call = None
     train, evals, stats = build_datasets(
         cfg(source, engine="vllm", vllm_chunk=3), backbone.tokenizer, tmp_path, backbone, False
     )
-    assert len(train) == 7 and len(evals) == 2 and stats["train_regen"]["generated"] == 4
+    assert len(train) == 7 and len(evals) == 2
+    assert stats["eval_regen"] == {"generated": 0, "cached": 2, "cut_by_max_new_tokens": 0}
+    assert stats["train_regen"]["generated"] == 6 and stats["train_regen"]["cached"] == 1
     records = [
         json.loads(line)
         for line in path.read_text().splitlines()
@@ -95,6 +97,20 @@ def test_vllm_path_chunks_resumes_and_never_duplicates(backbone, tmp_path, fake_
     keys = [r["key"] for r in records]
     assert len(keys) == len(set(keys)) == 9  # nothing lost, nothing twice; the broken line stays alone
     assert all(r["messages"][-1]["content"].startswith("V") for r in records)
+
+
+def test_both_splits_share_one_engine(backbone, tmp_path, fake_vllm):
+    source = tmp_path / "d.json"
+    write_source(source, n=9)
+    train, evals, stats = build_datasets(
+        cfg(source, engine="vllm", vllm_chunk=4), backbone.tokenizer, tmp_path, backbone, False
+    )
+    assert len(fake_vllm.instances) == 1  # one start-up (~1.5 min of a CPU's vLLM) for eval and train
+    assert fake_vllm.instances[0].calls == 3  # 9 rows in chunks of 4, across the split boundary
+    assert (len(evals), len(train)) == (2, 7)
+    assert stats["eval_regen"]["generated"] == 2 and stats["train_regen"]["generated"] == 7
+    held_out = {int(r) for r in evals.row_ids}
+    assert held_out.isdisjoint(int(r) for r in train.row_ids)
 
 
 def test_vllm_and_hf_results_live_in_different_files(backbone, tmp_path, fake_vllm, monkeypatch):
