@@ -16,8 +16,11 @@ first after the previous prompt's longest run.
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
+from pathlib import Path
 from typing import Protocol
 
+from headstart import vllm_runner
 from headstart.eval import vllm_counters as vc
 
 
@@ -90,6 +93,25 @@ class OursRunner:
 
     def position_rates(self) -> list[float]:
         return [a / p if p else 0.0 for a, p in zip(self.accepted, self.proposed)]
+
+
+def start_engines(
+    stack: ExitStack, model: str, specs: dict[str, dict], max_len: int, log_dir: Path, tolerate: bool = False
+) -> tuple[dict, dict[str, str]]:
+    """Start one vLLM engine per {name: engine_spec extras} (all alive together, so each gets its share of the
+    memory fraction), each closed by `stack`, its log in `log_dir/<name without "vllm:">.log`. -> (engines,
+    errors): with `tolerate`, an engine that fails to start is recorded in `errors` and the others go on."""
+    engines, errors = {}, {}
+    for name, extra in specs.items():
+        spec = vllm_runner.engine_spec(model, "bfloat16", max_len, engines=len(specs), **extra)
+        log = log_dir / f"{name.removeprefix('vllm:')}.log"
+        try:
+            engines[name] = stack.enter_context(vllm_runner.VllmEngine(spec, log))
+        except vllm_runner.VllmError as e:
+            if not tolerate:
+                raise
+            errors[name] = str(e)
+    return engines, errors
 
 
 def interleave(

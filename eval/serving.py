@@ -22,9 +22,9 @@ from tqdm import tqdm
 
 from headstart.eval import serve_baselines as sb
 from headstart.eval import vllm_counters as vc
-from headstart.eval.interleave import OursRunner, VllmRunner, interleave
+from headstart.eval.interleave import OursRunner, VllmRunner, interleave, start_engines
 from headstart.models import registry
-from headstart.vllm_runner import VllmEngine, VllmError, eager, engine_spec, served_model
+from headstart.vllm_runner import VllmError, eager, served_model
 
 MIN_POS1_RATIO = 0.9  # vLLM's position-1 acceptance must reach this fraction of ours ...
 MIN_GATED_RATE = 0.05  # ... when ours is at least this (random heads accept ~nothing in either engine)
@@ -217,7 +217,7 @@ def serve_check(
     ours = {"ours:drafter": OursRunner(decoder, set(eos)), "ours:plain": OursRunner(Decoder(backbone, "vanilla"), set(eos))}  # fmt: skip
     if categories is not None:
         ours["ours:prompt_lookup"] = OursRunner(build_decoder("prompt_lookup", backbone), set(eos))
-    specs = {"vllm:plain": None} | {
+    specs = {"vllm:plain": {}} | {
         f"vllm:{lay.name}": {"speculative_config": {"method": lay.method, "model": str(lay.folder),
                                                     "num_speculative_tokens": k}}
         | engine_args(meta["method"], lay.folder)  # what the export needs beyond the speculative config
@@ -227,17 +227,7 @@ def serve_check(
         specs["vllm:ngram"] = {"speculative_config": dict(sb.NGRAM_SPEC)}
     max_len = max(len(p) for p in prompts) + max_new + 16
     with ExitStack() as stack:
-        engines, errors = {}, {}
-        for name, extra in specs.items():
-            log = out / "logs" / f"{name.removeprefix('vllm:')}.log"
-            try:
-                engines[name] = stack.enter_context(
-                    VllmEngine(
-                        engine_spec(model, "bfloat16", max_len, engines=len(specs), **(extra or {})), log
-                    )
-                )
-            except VllmError as e:
-                errors[name] = str(e)
+        engines, errors = start_engines(stack, model, specs, max_len, out / "logs", tolerate=True)
         for name, what in (
             ("vllm:plain", f"serve the backbone {model}"),
             ("vllm:ngram", "run its ngram proposer"),

@@ -23,11 +23,11 @@ from tqdm import tqdm
 
 from headstart.eval import vllm_counters as vc
 from headstart.eval.engine.tree import chain_tree
-from headstart.eval.interleave import VllmRunner, interleave
+from headstart.eval.interleave import VllmRunner, interleave, start_engines
 from headstart.eval.serve_baselines import rate
 from headstart.eval.serving import engine_args, export_layouts
 from headstart.eval.speed_model import expected_tokens
-from headstart.vllm_runner import VllmEngine, VllmError, eager, engine_spec, served_model
+from headstart.vllm_runner import VllmError, eager, served_model
 
 PLAIN = "plain"
 
@@ -130,17 +130,15 @@ def sweep(
     prompts = [chat_ids(backbone.tokenizer, [{"role": "user", "content": q}]) for q in questions]
     eos = eos_token_ids(backbone)
     max_len = max(len(p) for p in prompts) + max_new + 16
-    n = 1 + len(ks)
     extra = engine_args(meta["method"], lay.folder)
+    specs = {PLAIN: {}} | {
+        f"k{k}": {"speculative_config": {"method": lay.method, "model": str(lay.folder),
+                                         "num_speculative_tokens": k}} | extra
+        for k in ks
+    }  # fmt: skip
     with ExitStack() as stack:
-        runners = {}
-        for name, k in [(PLAIN, 0)] + [(f"k{k}", k) for k in ks]:
-            spec = {"speculative_config": {"method": lay.method, "model": str(lay.folder),
-                                           "num_speculative_tokens": k}} | extra if k else {}  # fmt: skip
-            engine = VllmEngine(engine_spec(model, "bfloat16", max_len, engines=n, **spec),
-                                log_path=out / "logs" / f"{name}.log")  # fmt: skip
-            stack.enter_context(engine)
-            runners[name] = VllmRunner(engine, eos)
+        engines, _ = start_engines(stack, model, specs, max_len, out / "logs")
+        runners = {name: VllmRunner(engine, eos) for name, engine in engines.items()}
         bar = tqdm(total=len(prompts), desc="vLLM K sweep, prompts")
         timed = interleave(runners, prompts, max_new, lambda i, total: bar.update(1))
         bar.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from contextlib import ExitStack
 
 import pytest
 
@@ -131,10 +132,32 @@ def fake_vllm(monkeypatch):
     FakeEngine.started = []
     monkeypatch.setattr(vr, "on_gpu", lambda: False)
     monkeypatch.setattr(il.VllmRunner, "settle_s", 0.0)  # a fake engine does not busy-poll
+    monkeypatch.setattr(vr, "VllmEngine", FakeEngine)  # eval/interleave.py's start_engines starts them
     for module in (vk, serving):
-        monkeypatch.setattr(module, "VllmEngine", FakeEngine)
         monkeypatch.setattr(module, "served_model", lambda backbone: "converted-folder")
     return FakeEngine
+
+
+def test_start_engines_shares_memory_and_tolerates_a_failed_layout_only_when_asked(
+    fake_vllm, monkeypatch, tmp_path
+):
+    import headstart.vllm_runner as vr
+
+    class Refusing(FakeEngine):
+        def __init__(self, spec, log_path=None, env=None):
+            if spec.get("speculative_config"):
+                raise vr.VllmError("cannot load the layout")
+            super().__init__(spec, log_path, env)
+
+    monkeypatch.setattr(vr, "VllmEngine", Refusing)
+    specs = {"vllm:plain": {}, "vllm:eagle3": {"speculative_config": {"method": "eagle3"}}}
+    with ExitStack() as stack:
+        engines, errors = il.start_engines(stack, "m", specs, 256, tmp_path, tolerate=True)
+    assert list(engines) == ["vllm:plain"] and "cannot load" in errors["vllm:eagle3"]
+    assert engines["vllm:plain"].log_path == tmp_path / "plain.log"
+    assert fake_vllm.started[0]["gpu_memory_utilization"] == pytest.approx(0.075)  # 2 engines' CPU share
+    with ExitStack() as stack, pytest.raises(vr.VllmError, match="cannot load"):
+        il.start_engines(stack, "m", specs, 256, tmp_path)
 
 
 def _tuner_record(k: int = 3) -> dict:
