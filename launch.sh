@@ -148,12 +148,13 @@ case $verb in
     [[ -n ${HEADSTART_NO_VLLM:-} || " ${args[*]} " == *" data.regen.engine=hf "* ]] || vllm_setup
     train_launch train/medusa.py experiment=medusa_smollm2_selfdistill_cpu run_dir="$run_dir" "${args[@]}"
     # greedy, beside prompt lookup in the same timing rounds (eval/compare.md); then temperature 1 (eval_t1/,
-    # one prompt per category). The heads' tree carries a 4-token prompt-lookup branch (lookup_tokens):
-    # headstart's decoder only; vLLM serves the heads alone (./launch.sh serve-check measures them there)
+    # one prompt per category, one interleaved pass: timing.budget_s=0 saves ~2 of the job's ~32 min). The
+    # heads' tree carries a 4-token prompt-lookup branch (lookup_tokens): headstart's decoder only; vLLM
+    # serves the heads alone (./launch.sh serve-check measures them there)
     "$PY" eval/run.py checkpoint="$run_dir/drafter" out_dir="$run_dir/eval" limit_per_category=2 \
       max_new_tokens=128 lookup_tokens=4 "baselines=[prompt_lookup]"
     "$PY" eval/run.py checkpoint="$run_dir/drafter" out_dir="$run_dir/eval_t1" limit_per_category=1 \
-      max_new_tokens=128 lookup_tokens=4 temperature=1.0 "baselines=[prompt_lookup]"
+      max_new_tokens=128 lookup_tokens=4 temperature=1.0 "baselines=[prompt_lookup]" timing.budget_s=0
     ;;
   medusa|eagle|distill) train_launch "train/$verb.py" "$@" ;;
   eval) "$PY" eval/run.py "$@" ;;
