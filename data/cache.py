@@ -36,9 +36,12 @@ def tokenization_key(tokenizer) -> str:
 
 def backbone_fingerprint(backbone) -> str:
     """Config + dtype + a few values of every parameter (distinguishes checkpoints that share a config) + its
-    tokenizer (the chat template shapes the prompts it regenerates from)."""
+    tokenizer (the chat template shapes the prompts it regenerates from). Not where the model was loaded from
+    (the config's `_name_or_path`): the same weights read from another folder, a moved $HEADSTART_CACHE or a
+    Hub id keep their regenerated answers, tokenized splits and hidden-state caches."""
     model = backbone.model
-    h = hashlib.sha256(model.config.to_json_string(use_diff=False).encode())
+    config = {k: v for k, v in model.config.to_dict().items() if k != "_name_or_path"}
+    h = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
     h.update(tokenization_key(backbone.tokenizer).encode())
     for name, p in sorted(model.named_parameters()):
         h.update(f"{name}:{tuple(p.shape)}:{p.dtype}".encode())

@@ -48,3 +48,17 @@ def _bcfg():
     from headstart.models.backbone import BackboneConfig
 
     return BackboneConfig(name="tiny", path="tiny", dtype="float32", tiny={"seed": 0})
+
+
+def test_data_caches_follow_the_weights_not_the_folder_they_were_read_from():
+    """Regenerated answers, tokenized splits and hidden-state caches are keyed by backbone_fingerprint: the same
+    weights loaded from another folder (a moved $HEADSTART_CACHE, a Hub id) keep them; other weights do not."""
+    from headstart.data.cache import backbone_fingerprint
+
+    a, b = tiny_backbone(seed=0), tiny_backbone(seed=0)
+    a.model.config._name_or_path = "/old/cache/backbones/model"
+    b.model.config._name_or_path = "/new/cache/backbones/model"
+    assert backbone_fingerprint(a) == backbone_fingerprint(b)
+    b.model.config.rope_theta = 12345.0  # a config change still tells them apart
+    assert backbone_fingerprint(a) != backbone_fingerprint(b)
+    assert backbone_fingerprint(a) != backbone_fingerprint(tiny_backbone(seed=1))
