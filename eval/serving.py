@@ -89,6 +89,13 @@ def engine_args(method: str, folder: Path) -> dict:
     return getattr(module, "vllm_engine_args", lambda folder: {})(folder)
 
 
+def layout_spec(method: str, lay, k: int) -> dict:
+    """The engine_spec extras that serve exported layout `lay` (an `export_layouts` entry) as a speculator
+    drafting chains of k: its speculative_config and what the export needs beyond it (`engine_args`)."""
+    spec = {"method": lay.method, "model": str(lay.folder), "num_speculative_tokens": k}
+    return {"speculative_config": spec} | engine_args(method, lay.folder)
+
+
 def captured_aux_layers(log: Path) -> list[int] | None:
     """The EAGLE-3 aux layer ids vLLM says it took from the draft config (None when it did not say)."""
     text = log.read_text(errors="replace") if log.is_file() else ""
@@ -217,12 +224,7 @@ def serve_check(
     ours = {"ours:drafter": OursRunner(decoder, set(eos)), "ours:plain": OursRunner(Decoder(backbone, "vanilla"), set(eos))}  # fmt: skip
     if categories is not None:
         ours["ours:prompt_lookup"] = OursRunner(build_decoder("prompt_lookup", backbone), set(eos))
-    specs = {"vllm:plain": {}} | {
-        f"vllm:{lay.name}": {"speculative_config": {"method": lay.method, "model": str(lay.folder),
-                                                    "num_speculative_tokens": k}}
-        | engine_args(meta["method"], lay.folder)  # what the export needs beyond the speculative config
-        for lay in layouts
-    }  # fmt: skip
+    specs = {"vllm:plain": {}} | {f"vllm:{lay.name}": layout_spec(meta["method"], lay, k) for lay in layouts}
     if categories is not None:
         specs["vllm:ngram"] = {"speculative_config": dict(sb.NGRAM_SPEC)}
     max_len = max(len(p) for p in prompts) + max_new + 16

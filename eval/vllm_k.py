@@ -25,7 +25,7 @@ from headstart.eval import vllm_counters as vc
 from headstart.eval.engine.tree import chain_tree
 from headstart.eval.interleave import VllmRunner, interleave, start_engines
 from headstart.eval.serve_baselines import rate
-from headstart.eval.serving import engine_args, export_layouts
+from headstart.eval.serving import export_layouts, layout_spec
 from headstart.eval.speed_model import expected_tokens
 from headstart.vllm_runner import VllmError, eager, served_model
 
@@ -130,12 +130,8 @@ def sweep(
     prompts = [chat_ids(backbone.tokenizer, [{"role": "user", "content": q}]) for q in questions]
     eos = eos_token_ids(backbone)
     max_len = max(len(p) for p in prompts) + max_new + 16
-    extra = engine_args(meta["method"], lay.folder)
-    specs = {PLAIN: {}} | {
-        f"k{k}": {"speculative_config": {"method": lay.method, "model": str(lay.folder),
-                                         "num_speculative_tokens": k}} | extra
-        for k in ks
-    }  # fmt: skip
+    specs = {PLAIN: {}} | {f"k{k}": layout_spec(meta["method"], lay, k) for k in ks}
+    mode = "eager" if eager() else "compiled"
     with ExitStack() as stack:
         engines, _ = start_engines(stack, model, specs, max_len, out / "logs")
         runners = {name: VllmRunner(engine, eos) for name, engine in engines.items()}
@@ -157,7 +153,7 @@ def sweep(
                 "source": "vllm",
                 "tokens_per_step": best["tau"],
                 "speedup": best["speedup"],
-                "vllm_engine": "eager" if eager() else "compiled",
+                "vllm_engine": mode,
                 "device_name": device_name(backbone.device),  # what the tuner keeps it for, with the weights
                 "weights": weights_signature(drafter_dir),
                 "sweep": {str(k): v for k, v in summary["by_k"].items()},
@@ -168,7 +164,7 @@ def sweep(
         report = {
             "checkpoint": str(drafter_dir),
             "layout": lay.name,
-            "vllm_engine": "eager" if eager() else "compiled",
+            "vllm_engine": mode,
             "prompts": len(prompts),
             "max_new_tokens": max_new,
             "summary": summary,

@@ -85,8 +85,8 @@ def test_method_switch_from_an_experiment_and_typed_schema():
 def test_the_main_job_reads_a_prefix_of_the_reference_runs_rows():
     """The main job's 1,152 conversations are the first rows of the 3,840 the references and the EAGLE-3
     experiment read (one seeded order): its regenerated answers are theirs, reused from the cache."""
-    rows = {
-        exp: to_job(make([f"experiment={exp}"], name=entry), entry).data.max_rows
+    jobs = {
+        exp: to_job(make([f"experiment={exp}"], name=entry), entry)
         for exp, entry in [
             ("medusa_smollm2_selfdistill_cpu", "medusa"),
             ("medusa_smollm2_reference_cpu", "medusa"),
@@ -94,15 +94,16 @@ def test_the_main_job_reads_a_prefix_of_the_reference_runs_rows():
             ("eagle3_smollm2_reference_cpu", "eagle"),
         ]
     }
+    rows = {exp: job.data.max_rows for exp, job in jobs.items()}
     assert rows == {
         "medusa_smollm2_selfdistill_cpu": 1152,
         "medusa_smollm2_reference_cpu": 3840,
         "eagle3_smollm2_selfdistill_cpu": 3840,
         "eagle3_smollm2_reference_cpu": 3840,
     }
-    jobs = [to_job(make([f"experiment={e}"], name=n), n) for e, n in [("medusa_smollm2_selfdistill_cpu", "medusa"), ("eagle3_smollm2_selfdistill_cpu", "eagle")]]  # fmt: skip
+    main, eagle3 = jobs["medusa_smollm2_selfdistill_cpu"], jobs["eagle3_smollm2_selfdistill_cpu"]
     same = ("source", "seed", "eval_rows", "max_length", "responses", "regen")
-    assert all(getattr(jobs[0].data, k) == getattr(jobs[1].data, k) for k in same)
+    assert all(getattr(main.data, k) == getattr(eagle3.data, k) for k in same)
 
 
 def test_a_method_through_another_entry_script_is_refused():
