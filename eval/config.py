@@ -16,6 +16,7 @@ from headstart.eval.engine.proposers import DRAFT, PROPOSERS, TREE_METHODS
 from headstart.eval.timing import TimingConfig
 from headstart.eval.tuner import TunerConfig
 from headstart.models.backbone import DTYPES
+from headstart.models.int8 import MODES as INT8_MODES
 from headstart.tracking import LoggerConfig
 
 DEFAULT_PROMPTS = str(Path(headstart.data.__file__).parent / "dev_prompts.jsonl")
@@ -58,6 +59,9 @@ class EvalConfig:
     # chooses its tree for the branch (eval/speed_model.py models it)
     lookup_tokens: int = 0
     draft: str = ""  # method=draft: the draft model (Hub id, folder or .gguf), same tokenizer as the target
+    # a trained drafter's layers on CPU: auto = int8 weights where the drafter names them (models/int8.py: the draft
+    # step reads half the bytes; decoding stays lossless) and as trained on a GPU | int8 (CPU only) | native
+    draft_weights: str = "auto"
     warmup: int = 1  # prompts decoded untimed (both paths) before measuring
     # training-free methods scored on the same prompts beside the drafter (e.g. [prompt_lookup]): compare.md
     # puts them side by side, overall and per category (eval/compare.py)
@@ -95,6 +99,13 @@ class EvalConfig:
             raise EvalError(
                 "method=draft needs a draft model. Fix: draft=<Hub id, folder or .gguf>, or method= (empty) "
                 "with a distillspec checkpoint (its distilled draft is used)"
+            )
+        if self.draft_weights not in INT8_MODES:
+            raise EvalError(f"draft_weights={self.draft_weights!r}: expected one of {list(INT8_MODES)}")
+        if self.draft_weights == "int8" and self.device.split(":")[0] not in ("auto", "cpu"):
+            raise EvalError(
+                f"draft_weights=int8 with device={self.device}: the int8 kernel runs on CPU only. "
+                "Fix: draft_weights=auto (int8 on CPU, as trained on a GPU) or native"
             )
         if not (self.device in ("auto", "cpu", "mps") or self.device.split(":")[0] == "cuda"):
             raise EvalError(f"device={self.device!r}: expected auto, cpu, cuda or cuda:N")

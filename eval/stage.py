@@ -30,6 +30,7 @@ from headstart.models import registry
 from headstart.models.backbone import Backbone, BackboneConfig, load_backbone
 from headstart.models.checkpoint import LoadedDrafter, find_checkpoints, load_drafter, step_of
 from headstart.models.export.serve_card import find_serve_check
+from headstart.models.int8 import for_decoding
 
 log = logging.getLogger("headstart.eval")
 
@@ -89,6 +90,7 @@ class Evaluator:
             dcfg = BackboneConfig(name="draft", path=cfg.draft, dtype=bcfg.dtype)
             opts["draft_backbone"] = self.backbone(dcfg)
         loaded = LoadedDrafter(*load_drafter(ckpt, backbone, meta), ckpt) if uses_drafter else None
+        weights = for_decoding(loaded.drafter, backbone.device, cfg.draft_weights) if loaded else None
         tuned = None
         if loaded is not None and not user:
             ids = probe_ids(self.prompts, backbone, cfg.tuner.probe_prompts)
@@ -102,6 +104,7 @@ class Evaluator:
             "source": "tuner" if tuned else "user" if user else "default",
             "options": user,
             "tuner": tuned,
+            "draft_weights": weights,
         }
         return method, build_decoder(method, backbone, loaded, **opts), settings
 

@@ -31,6 +31,8 @@ from headstart.models.checkpoint import (
     resolve_checkpoint,
     write_decoding,
 )
+from headstart.models.int8 import MODES as INT8_MODES
+from headstart.models.int8 import for_decoding
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -45,6 +47,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--probe-prompts", type=int, default=TunerConfig.probe_prompts)
     p.add_argument("--reps", type=int, default=TunerConfig.reps)
     p.add_argument("--lookup-tokens", type=int, default=0, help="the eval's lookup_tokens (0: no branch)")
+    p.add_argument(
+        "--draft-weights", default="auto", choices=INT8_MODES, help="the eval's draft_weights (auto: int8 on CPU)"
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with exit_on_user_error():
@@ -53,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
         bcfg = BackboneConfig(**meta["backbone"])
         backbone = load_backbone(replace(bcfg, dtype=args.dtype or bcfg.dtype), resolve_device(args.device))
         loaded = LoadedDrafter(*load_drafter(ckpt, backbone, meta), None if args.out else ckpt)
+        for_decoding(loaded.drafter, backbone.device, args.draft_weights)
         cfg = TunerConfig(
             mode="force" if args.force else "auto", probe_prompts=args.probe_prompts, reps=args.reps
         )

@@ -29,6 +29,7 @@ from headstart.eval.engine.tree import Tree, chain_tree
 from headstart.eval.speed_model import Branch, Costs, LookupStep, non_decreasing, rank, speedup_at
 from headstart.eval.timing import choose_threads
 from headstart.models.checkpoint import LoadedDrafter, read_decoding, weights_signature, write_decoding
+from headstart.models.int8 import weights_of
 
 log = logging.getLogger("headstart.eval")
 VERSION = 3  # 2: records the lookup branch the tree was chosen for; 3: its step cost over the branch's widths
@@ -336,12 +337,14 @@ def device_name(dev: torch.device) -> str:
 
 
 def conditions(backbone, loaded: LoadedDrafter) -> dict:
-    """What a decoding.json is valid for: the device, dtype, CPU threads and the weights it was measured on."""
+    """What a decoding.json is valid for: the device, dtype, CPU threads, the weights it was measured on and
+    how the drafter's layers were stored (int8 / native: models/int8.py; the draft costs differ)."""
     dev = backbone.device
     return {
         "device": dev.type,
         "device_name": device_name(dev),
         "dtype": str(backbone.dtype).removeprefix("torch."),
+        "draft_weights": weights_of(loaded.drafter),
         "threads": torch.get_num_threads() if dev.type == "cpu" else None,
         "torch": torch.__version__,
         "weights": weights_signature(loaded.path) if loaded.path else None,
@@ -349,8 +352,9 @@ def conditions(backbone, loaded: LoadedDrafter) -> dict:
 
 
 def matches(record: dict, backbone, loaded: LoadedDrafter, lookup_tokens: int = 0) -> bool:
-    now, then = conditions(backbone, loaded), record.get("conditions", {})
-    keys = ("device", "device_name", "dtype", "threads", "weights")
+    now = conditions(backbone, loaded)
+    then = {"draft_weights": "native", **record.get("conditions", {})}  # records older than int8 drafting
+    keys = ("device", "device_name", "dtype", "draft_weights", "threads", "weights")
     same = record.get("version") == VERSION and record.get("lookup_tokens", 0) == lookup_tokens
     return same and all(then.get(k) == now[k] for k in keys)
 
@@ -424,6 +428,8 @@ def decoding_report(settings: dict, report: dict, new_tokens: float, tol: float 
     (steady state, and at this run's mean answer length with the measured prefill) beside the measured one,
     their ratio, and a flag when they differ by more than `tol`."""
     out = {"source": settings["source"], "options": settings["options"]}
+    if settings.get("draft_weights"):  # int8 / native (models/int8.py)
+        out["draft_weights"] = settings["draft_weights"]
     if settings.get(
         "lookup_branch"
     ):  # the user's, on top of the tree (eval/engine/proposers/lookup_branch.py)

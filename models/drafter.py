@@ -7,6 +7,7 @@
                                       the drafter reads no cached features
     checkpoint_meta() -> dict         saved beside the weights (DistillSpec: the draft's HF config)
     serving(backbone, meta, live)     the Decoder keyword arguments that serve this drafter
+    int8_modules() -> [nn.Module]     the parts served with int8 weights on CPU (models/int8.py); [] = none
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ class Drafter(Protocol):
 
     def serving(self, backbone, meta: dict | None = None, live: bool = False) -> dict[str, Any]: ...
 
+    def int8_modules(self) -> list[nn.Module]: ...
+
 
 class DrafterBase(nn.Module):
     def feature_cache(self) -> tuple[tuple[int, ...], str] | None:
@@ -41,3 +44,8 @@ class DrafterBase(nn.Module):
         """Decoder kwargs. `live`: the drafter is being trained (quick eval): serve it as it is, in its own
         dtype, without freezing it. `meta`: the checkpoint's config.json when loaded from one."""
         return {"drafter": self}
+
+    def int8_modules(self) -> list[nn.Module]:
+        """The submodules whose nn.Linear layers decoding may store in int8 (each called as a module, never
+        read through `.weight`); none by default."""
+        return []

@@ -145,7 +145,7 @@ class EagleDrafter(DrafterBase):
         if self.truncated:
             return self.token_map
         if not self.v3:
-            return torch.arange(self.vocab_size, device=self.fc.weight.device)
+            return torch.arange(self.vocab_size, device=self._anchor.device)
         return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
 
     def fuse(self, feats: list[torch.Tensor]) -> torch.Tensor:
@@ -157,7 +157,7 @@ class EagleDrafter(DrafterBase):
         additive; None = causal over T) or `ttt_valid` (B, T) bool for a training-time-test step (the cache
         then holds the earlier steps; see models/eagle_ttt.py) -> the layer's output hidden (B, T, H)
         (EAGLE-1: the predicted feature)."""
-        dtype = self.fc.weight.dtype
+        dtype = self.param_dtype
         emb = self._frozen[0](tokens).to(dtype)  # (B, T, H), frozen
         feat = feat.to(dtype)
         pos_emb = self.rotary(feat, positions)
@@ -178,6 +178,21 @@ class EagleDrafter(DrafterBase):
         w = self._frozen[1].weight
         return self._rows.get(w, self.token_map) if self.truncated else w  # (Dv, H)
 
+    @property
+    def _anchor(self) -> torch.Tensor:
+        """A weight that is never quantized (models/int8.py): where the drafter's dtype and device are read."""
+        return self.layer.post_attention_layernorm.weight
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        """The layers' dtype (fp32 master weights while training; the serving dtype once cast)."""
+        return self._anchor.dtype
+
+    def int8_modules(self) -> list[nn.Module]:
+        """Decoding on CPU: the fusion, the layer and EAGLE-3's draft head (called as modules; EAGLE-1's
+        projection is the frozen lm_head's rows, kept as they are)."""
+        return [self.fc, self.layer] + ([self.lm_head] if self.v3 else [])
+
     def head_input(self, h: torch.Tensor) -> torch.Tensor:
         return self.norm(h) if self.v3 else h
 
@@ -192,8 +207,13 @@ class EagleDrafter(DrafterBase):
     def top_draft(self, h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(..., H) -> the k most likely next tokens under the draft distribution: (log-probs (..., k) fp32,
         target ids (..., k)). Over the draft vocabulary only (no (..., V) scatter; EAGLE-3's d2t maps ids)."""
-        w = self.head_weight()  # cast the rows, never the (Dv, H) projection (a frozen bf16 lm_head)
-        logp = torch.log_softmax((self.head_input(h).to(w.dtype) @ w.T).float(), -1)  # (..., Dv)
+        x = self.head_input(h)
+        if self.v3:  # its own head, called as a module: nn.Linear, or Int8Linear served in int8 (models/int8.py)
+            logits = self.lm_head(x.to(self.param_dtype))
+        else:
+            w = self.head_weight()  # cast the rows, never the (Dv, H) projection (a frozen bf16 lm_head)
+            logits = x.to(w.dtype) @ w.T
+        logp = torch.log_softmax(logits.float(), -1)  # (..., Dv)
         score, idx = logp.topk(k, -1)
         return score, self.draft_ids()[idx] if self.v3 or self.truncated else idx
 
@@ -243,7 +263,7 @@ class EagleDrafter(DrafterBase):
         Row t drafts from (x_{t+1}, feature of t); step s predicts token t+2+s (trained where labels say).
         -> (summed loss, number of step-0 targets, summed metrics) like every method's step."""
         ids, labels = batch["input_ids"], batch["labels"]  # (B, T)
-        g = self.fuse([f.to(self.fc.weight.dtype) for f in feats])[:, :-1]  # (B, T-1, H)
+        g = self.fuse([f.to(self.param_dtype) for f in feats])[:, :-1]  # (B, T-1, H)
         if self.training and self.cfg.noise > 0:
             g = g + (feature_noise(g, batch) - 0.5) * self.cfg.noise
         valid = batch["attention_mask"][:, 1:].bool()  # (B, T-1)

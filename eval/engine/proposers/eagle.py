@@ -77,7 +77,7 @@ class EagleProposer:
         """The features of the last target forward at `rows` -> (n, H) (fused for EAGLE-3)."""
         s = self._store
         feats = s["feats"] if not self.drafter.v3 else [s["aux"][k] for k in range(len(s["aux"]))]
-        return self.drafter.fuse([f[0, rows].to(self.drafter.fc.weight.dtype) for f in feats])
+        return self.drafter.fuse([f[0, rows].to(self.drafter.param_dtype) for f in feats])
 
     def start(self, prompt: list[int], hidden: torch.Tensor) -> None:
         self.cache, self.cache_len = self.drafter.new_cache(), 0

@@ -1,0 +1,103 @@
+"""Weight-only int8 drafter layers for decoding on CPU.
+
+A drafter's decode step on CPU is bound by reading its weights from memory: EAGLE-3's (16,384 x 576) draft head
+alone is 19 MB in bf16, read twice a step. Stored as int8 with one scale per output row (symmetric, per channel;
+what gpt-fast and torchao call weight-only int8), the same projection reads half the bytes
+(`torch._weight_int8pack_mm`, PyTorch's CPU kernel: bf16 / fp16 / fp32 activations, int8 weights). Decoding
+stays lossless (the target verifies every drafted token); only which tokens are drafted can change, and the
+eval measures that acceptance.
+
+Measured on the 2-core CPU (the EAGLE-3 reference, tuned tree, 16 dev prompts x 96 tokens, both side by side):
+step 84.1 -> 80.7 ms, tau 1.84 -> 1.87. The kernel has no CUDA path, and on a GPU the draft step is bound by
+kernel launches, not bytes: there the weights stay as trained.
+
+    mode: "auto" (int8 on CPU, as trained elsewhere) | "int8" (CPU only) | "native" (as trained)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+MODES = ("auto", "int8", "native")
+ALIGN = 32  # the kernel's bf16 path needs in_features a multiple of 16 (crashes otherwise); 32 to keep margin
+
+
+class Int8Linear(nn.Module):
+    """nn.Linear with int8 weights (out, in) and a per-row scale in the activations' dtype."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        w = linear.weight.detach().float()
+        scale = w.abs().amax(1).clamp_min(1e-12) / 127  # (out,)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("weight_int8", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scale", scale.to(linear.weight.dtype))
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantized weight (out, in), for code that reads a linear's dtype or rows; decoding never
+        calls it (forward reads the int8 rows)."""
+        return self.weight_int8.to(self.scale.dtype) * self.scale[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        rows = x.reshape(-1, self.in_features).to(self.scale.dtype).contiguous()
+        if rows.shape[0] == 0:
+            y = rows.new_zeros(0, self.out_features)
+        else:
+            y = torch._weight_int8pack_mm(rows, self.weight_int8, self.scale)
+        y = y.view(*lead, self.out_features)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights"
+
+
+def quantizable(linear: nn.Module) -> bool:
+    return type(linear) is nn.Linear and linear.in_features % ALIGN == 0
+
+
+def quantize_linears(module: nn.Module, within: list[nn.Module] | None = None) -> int:
+    """Replace, in place, every nn.Linear under `module` (and inside one of `within`, or itself one; default:
+    all) whose shape the kernel takes by an Int8Linear -> how many were replaced."""
+    keep = None if within is None else {id(m) for w in within for m in w.modules()}
+    done = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if quantizable(child) and (keep is None or id(child) in keep):
+                setattr(parent, name, Int8Linear(child))
+                done += 1
+    return done
+
+
+def check_mode(mode: str, device: torch.device | str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"draft_weights={mode!r}: expected one of {list(MODES)}")
+    if mode == "int8" and torch.device(device).type != "cpu":
+        raise ValueError(
+            f"draft_weights=int8 on {device}: the int8 kernel runs on CPU only (on a GPU the draft step is "
+            "launch-bound). Fix: draft_weights=auto or native"
+        )
+
+
+def for_decoding(drafter: nn.Module, device: torch.device | str, mode: str = "auto") -> str:
+    """Quantize, in place, the layers the drafter names (`int8_modules()`) for decoding on `device` ->
+    "int8" when any layer now is, else "native". Call it on a drafter loaded for decoding, never one
+    being trained."""
+    check_mode(mode, device)
+    if mode == "native" or torch.device(device).type != "cpu":
+        return weights_of(drafter)
+    targets = drafter.int8_modules()
+    if mode == "int8" and not targets:
+        raise ValueError(
+            f"draft_weights=int8: a {type(drafter).__name__} has no layers served in int8. Fix: draft_weights=auto"
+        )
+    quantize_linears(drafter, targets)
+    return weights_of(drafter)
+
+
+def weights_of(drafter: nn.Module) -> str:
+    """ "int8" when any of the drafter's layers is an Int8Linear, else "native" (what decoding.json records)."""
+    return "int8" if any(isinstance(m, Int8Linear) for m in drafter.modules()) else "native"

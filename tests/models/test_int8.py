@@ -1,0 +1,86 @@
+"""Weight-only int8 drafter layers (models/int8.py): the projection matches nn.Linear to int8 rounding, only
+shapes the kernel takes are replaced, the modes refuse what they cannot do, and drafters quantized for decoding
+keep decoding lossless."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from headstart.eval.engine.decoder import Decoder
+from headstart.models.checkpoint import build_drafter
+from headstart.models.drafter import DrafterBase
+from headstart.models.eagle_config import Eagle3Config
+from headstart.models.int8 import Int8Linear, for_decoding, quantize_linears, weights_of
+from headstart.models.medusa import MedusaConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_projection_matches_the_linear_to_int8_rounding(dtype, bias):
+    torch.manual_seed(0)
+    lin = nn.Linear(96, 40, bias=bias).to(dtype)
+    q = Int8Linear(lin)
+    x = torch.randn(2, 5, 96, dtype=dtype)
+    ref = lin(x).float()
+    y = q(x)
+    assert y.shape == (2, 5, 40) and y.dtype == dtype
+    err = (y.float() - ref).abs().max() / ref.abs().max()
+    assert err < (0.02 if dtype == torch.bfloat16 else 0.01)
+    assert q(x[:, :0]).shape == (2, 0, 40)  # no rows, no kernel call
+    assert q.weight_int8.dtype == torch.int8 and q.weight_int8.abs().max() == 127  # each row uses the range
+    torch.testing.assert_close(q.weight.float(), lin.weight.float(), atol=float(q.scale.max()), rtol=0)
+
+
+def test_only_linears_the_kernel_takes_are_replaced():
+    m = nn.Sequential(nn.Linear(64, 8), nn.Sequential(nn.Linear(100, 64), nn.Linear(32, 3)), nn.LayerNorm(64))
+    assert quantize_linears(m) == 2  # in_features 100 is not a multiple of 32: left as trained
+    assert isinstance(m[0], Int8Linear) and isinstance(m[1][1], Int8Linear)
+    assert type(m[1][0]) is nn.Linear and type(m[2]) is nn.LayerNorm
+    m = nn.Sequential(nn.Linear(64, 8), nn.Linear(64, 8))
+    assert quantize_linears(m, within=[m[1]]) == 1 and type(m[0]) is nn.Linear  # a named linear itself
+
+
+def test_modes(backbone):
+    d = build_drafter("medusa", MedusaConfig(num_heads=2), backbone)
+    assert for_decoding(d, "cpu", "native") == "native" and weights_of(d) == "native"
+    assert for_decoding(d, "cuda", "auto") == "native"  # a GPU keeps the trained weights
+    with pytest.raises(ValueError, match="draft_weights=int8 on cuda.*Fix: draft_weights=auto"):
+        for_decoding(d, "cuda", "int8")
+    with pytest.raises(ValueError, match="draft_weights='fp4'"):
+        for_decoding(d, "cpu", "fp4")
+    assert for_decoding(d, "cpu", "auto") == "int8"
+    assert all(isinstance(r.linear, Int8Linear) for b in d.blocks for r in b)
+
+    class Plain(DrafterBase):
+        pass
+
+    assert for_decoding(Plain(), "cpu", "auto") == "native"
+    with pytest.raises(ValueError, match="no layers served in int8. Fix: draft_weights=auto"):
+        for_decoding(Plain(), "cpu", "int8")
+
+
+def _perturbed(drafter):
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return drafter.eval()
+
+
+@pytest.mark.parametrize("method", ["medusa", "eagle3"])
+def test_int8_drafters_decode_losslessly(backbone, method):
+    torch.manual_seed(0)
+    cfg = MedusaConfig(num_heads=3) if method == "medusa" else Eagle3Config(draft_vocab_size=259, ttt_steps=2)
+    d = _perturbed(build_drafter(method, cfg, backbone))
+    prompt = list(range(40, 60))
+    ref = Decoder(backbone, "vanilla", max_cache_len=256).generate(prompt, 32).tokens
+    opts = {"tree_nodes": 8} if method == "medusa" else {"tree_nodes": 12, "num_draft_tokens": 3}
+    native = Decoder(backbone, method, d, max_cache_len=256, **opts).generate(prompt, 32)
+    assert for_decoding(d, "cpu", "int8") == "int8"
+    out = Decoder(backbone, method, d, max_cache_len=256, **opts).generate(prompt, 32)
+    assert out.tokens == native.tokens == ref
+    if method == "eagle3":
+        assert isinstance(d.lm_head, Int8Linear) and isinstance(d.layer.self_attn.q_proj, Int8Linear)
