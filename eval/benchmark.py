@@ -37,6 +37,7 @@ from headstart.eval.timing import (
 )
 from headstart.models.backbone import Backbone, BackboneConfig, eos_token_ids, load_backbone
 from headstart.models.checkpoint import read_meta
+from headstart.models.int8 import MODES as INT8_MODES
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -51,8 +52,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--num-draft-tokens", type=int, default=4, help="prompt lookup / draft tokens per step")
     p.add_argument(
-        "--tree-nodes", type=int, default=0, help="medusa / eagle candidate-tree size (0: decoder default)"
+        "--tree-nodes",
+        type=int,
+        default=0,
+        help="medusa / eagle candidate-tree size (0: the checkpoint's decoding.json, else the decoder default)",
     )
+    p.add_argument("--lookup-tokens", type=int, default=0, help="the drafter's prompt-lookup branch (eval's)")
+    p.add_argument(
+        "--draft-weights",
+        default="auto",
+        help="the drafter's layers: auto | int8 | native, or several (native,int8): one row each, side by side",
+    )
+    p.add_argument("--no-hf", action="store_true", help="skip the HF generate rows")
     p.add_argument("--dtype", default="", help="float32 | bfloat16 | float16 (default: the checkpoint's)")
     p.add_argument("--device", default="auto")
     p.add_argument("--warmup", type=int, default=1, help="prompts run untimed through every method first")
@@ -67,8 +78,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise EvalError(
             "give --checkpoint DIR (a drafter) or --backbone PATH (vanilla and prompt lookup only)"
         )
-    if args.n < 1 or args.max_new_tokens < 1 or args.num_draft_tokens < 1:
-        raise EvalError("--n, --max-new-tokens and --num-draft-tokens must be >= 1")
+    if args.n < 1 or args.max_new_tokens < 1 or args.num_draft_tokens < 1 or args.lookup_tokens < 0:
+        raise EvalError("--n, --max-new-tokens and --num-draft-tokens must be >= 1, --lookup-tokens >= 0")
+    args.draft_weights = args.draft_weights.split(",")
+    bad = [w for w in args.draft_weights if w not in INT8_MODES]
+    if bad or len(set(args.draft_weights)) != len(args.draft_weights):
+        raise EvalError(
+            f"--draft-weights {','.join(args.draft_weights)}: expected distinct modes from {list(INT8_MODES)}"
+        )
     return args
 
 
@@ -136,21 +153,29 @@ def ours_runner(decoder, max_new_tokens: int, eos: list[int]):
 def build_methods(args, backbone: Backbone, draft: Backbone | None, cache_len: int) -> dict:
     from headstart.eval.engine.decoder import Decoder, build_decoder
     from headstart.models import registry
-    from headstart.models.checkpoint import LoadedDrafter, load_drafter
+    from headstart.models.checkpoint import LoadedDrafter, load_drafter, read_decoding
+    from headstart.models.int8 import for_decoding
 
     eos, n, k = eos_token_ids(backbone), args.max_new_tokens, args.num_draft_tokens
     methods = {"ours vanilla": ours_runner(Decoder(backbone, "vanilla", max_cache_len=cache_len), n, eos)}
     if args.checkpoint:
-        loaded = LoadedDrafter(*load_drafter(args.checkpoint, backbone))
-        proposer = registry.proposer_of(loaded.meta["method"])
-        opts = {"tree_nodes": args.tree_nodes} if args.tree_nodes else {}
-        spec = build_decoder(proposer, backbone, loaded, max_cache_len=cache_len, **opts)
-        methods[f"ours {proposer}"] = ours_runner(spec, n, eos)
+        tuned = (read_decoding(args.checkpoint) or {}).get("decoder", {})
+        opts = {"tree_nodes": args.tree_nodes} if args.tree_nodes else tuned
+        opts |= {"lookup_tokens": args.lookup_tokens} if args.lookup_tokens else {}
+        for mode in args.draft_weights:  # a drafter each: int8 replaces its layers in place
+            loaded = LoadedDrafter(*load_drafter(args.checkpoint, backbone))
+            proposer = registry.proposer_of(loaded.meta["method"])
+            weights = for_decoding(loaded.drafter, backbone.device, mode)
+            spec = build_decoder(proposer, backbone, loaded, max_cache_len=cache_len, **opts)
+            name = f"ours {proposer}" + (f" ({weights})" if len(args.draft_weights) > 1 else "")
+            methods[name] = ours_runner(spec, n, eos)
     lookup = Decoder(backbone, "prompt_lookup", num_draft_tokens=k, max_cache_len=cache_len)
     methods["ours prompt_lookup"] = ours_runner(lookup, n, eos)
     if draft is not None:
         dec = Decoder(backbone, "draft", draft_backbone=draft, num_draft_tokens=k, max_cache_len=cache_len)
         methods["ours draft"] = ours_runner(dec, n, eos)
+    if args.no_hf:
+        return methods
     methods["HF greedy"] = hf_runner(backbone, n, eos)
     methods["HF prompt_lookup"] = hf_runner(backbone, n, eos, prompt_lookup_num_tokens=k)
     if draft is not None:
@@ -206,7 +231,9 @@ def table(totals: dict[str, dict], n_prompts: int, timer: Interleaved) -> list[d
     rows = []
     for m, t in totals.items():
         vs = timer.summary(m) if m != "ours vanilla" else summarize([1.0])
-        hf = summarize([s[m].rate / s["HF greedy"].rate for s in pairs if s["HF greedy"].rate > 0])
+        hf = {"median": None}  # --no-hf
+        if "HF greedy" in totals:
+            hf = summarize([s[m].rate / s["HF greedy"].rate for s in pairs if s["HF greedy"].rate > 0])
         rows.append(
             {
                 "method": m,

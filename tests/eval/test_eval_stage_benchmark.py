@@ -45,3 +45,23 @@ def test_forward_counter_counts_calls():
 def test_benchmark_needs_a_model():
     with pytest.raises(EvalError, match="--checkpoint"):
         main(["--n", "2"])
+
+
+def test_draft_weights_rows_side_by_side(tmp_path):
+    """--draft-weights native,int8: one drafter row each, on the checkpoint's tuned tree with a lookup branch;
+    both lossless (float32 greedy == ours vanilla); --no-hf drops the HF rows."""
+    from headstart.models.backbone import BackboneConfig, load_backbone
+    from headstart.models.checkpoint import build_drafter, save_drafter, write_decoding
+    from headstart.models.eagle_config import Eagle3Config
+
+    cfg = BackboneConfig(name="tiny", path="tiny", dtype="float32", tiny={"seed": 3, "initializer_range": 0.2})
+    bb, mcfg = load_backbone(cfg), Eagle3Config(aux_layers=[1, 1, 1], draft_vocab_size=64)
+    ckpt = save_drafter(tmp_path / "d", build_drafter("eagle3", mcfg, bb), "eagle3", mcfg, cfg, bb)
+    write_decoding(ckpt, {"decoder": {"num_draft_tokens": 2, "tree_nodes": 5, "topk": 2}})
+    argv = ["--checkpoint", str(ckpt), "--n", "2", "--max-new-tokens", "12", "--device", "cpu", "--budget-s", "0",
+            "--draft-weights", "native,int8", "--lookup-tokens", "2", "--no-hf"]  # fmt: skip
+    rows = {r["method"]: r for r in main(argv)}
+    assert list(rows) == ["ours vanilla", "ours eagle3 (native)", "ours eagle3 (int8)", "ours prompt_lookup"]
+    assert all(r["matches_ours_vanilla"] == 1.0 and r["ratio_vs_hf_greedy"] is None for r in rows.values())
+    with pytest.raises(EvalError, match="--draft-weights int8,int8"):
+        main([*argv, "--draft-weights", "int8,int8"])  # the last one given wins
