@@ -89,6 +89,8 @@ def decoding_lines(d: dict | None) -> list[str]:
         return []
     opts = ", ".join(f"{k}={v}" for k, v in d["options"].items()) or "the decoder's defaults"
     lines = ["", "## Decoding settings", "", f"- {opts} (chosen by: {d['source']})"]
+    if w := d.get("draft_weights"):
+        lines.append(f"- drafter layers: {w} (draft_weights; int8: weight-only, CPU)")
     if b := d.get("lookup_branch"):
         steps = max(b["steps"], 1)
         lines.append(

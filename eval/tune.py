@@ -48,7 +48,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reps", type=int, default=TunerConfig.reps)
     p.add_argument("--lookup-tokens", type=int, default=0, help="the eval's lookup_tokens (0: no branch)")
     p.add_argument(
-        "--draft-weights", default="auto", choices=INT8_MODES, help="the eval's draft_weights (auto: int8 on CPU)"
+        "--draft-weights",
+        default="auto",
+        choices=INT8_MODES,
+        help="the eval's draft_weights (auto: int8 on CPU)",
     )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

@@ -208,7 +208,9 @@ class EagleDrafter(DrafterBase):
         """(..., H) -> the k most likely next tokens under the draft distribution: (log-probs (..., k) fp32,
         target ids (..., k)). Over the draft vocabulary only (no (..., V) scatter; EAGLE-3's d2t maps ids)."""
         x = self.head_input(h)
-        if self.v3:  # its own head, called as a module: nn.Linear, or Int8Linear served in int8 (models/int8.py)
+        if (
+            self.v3
+        ):  # its own head, called as a module: nn.Linear, or Int8Linear served in int8 (models/int8.py)
             logits = self.lm_head(x.to(self.param_dtype))
         else:
             w = self.head_weight()  # cast the rows, never the (Dv, H) projection (a frozen bf16 lm_head)

@@ -163,11 +163,6 @@ class MedusaHeads(DrafterBase):
             return feats.to(w.dtype) @ w.T
         return torch.stack([f.to(head.weight.dtype) @ head.weight.T for f, head in zip(feats, self.lm_heads)])
 
-    def int8_modules(self) -> list[nn.Module]:
-        """Decoding on CPU: the residual blocks (the vocabulary projection stays as trained: the shared
-        lm_head's rows or each head's own, read as weights)."""
-        return [self.blocks]
-
     @property
     def blocks_dtype(self) -> torch.dtype:
         """The residual blocks' dtype (fp32 master weights while training; the serving dtype once cast)."""

@@ -14,7 +14,7 @@ import pytest
 from headstart.eval.config import EvalConfig, EvalError
 from headstart.eval.score import quick_eval
 from headstart.models.backbone import BackboneConfig, BackboneError, load_backbone
-from headstart.models.checkpoint import build_drafter, save_drafter
+from headstart.models.checkpoint import build_drafter, read_decoding, save_drafter
 from headstart.models.medusa import MedusaConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -127,6 +127,10 @@ def test_eagle_checkpoints_are_scored(prompt_file, tmp_path, method):
     )
     report = run(_cfg(ckpt, prompt_file, tmp_path / "out", limit_per_category=1, warmup=0))
     assert report["method"] == method and report["greedy_matches_vanilla"] == 1.0 and report["tau"] >= 1.0
+    # on CPU the drafter's layers are served in int8 (draft_weights=auto), and the tuned settings say so
+    assert report["decoding"]["draft_weights"] == "int8"
+    assert read_decoding(ckpt)["conditions"]["draft_weights"] == "int8"
+    assert "- drafter layers: int8 (draft_weights" in (tmp_path / "out" / "report.md").read_text()
 
 
 def test_run_folder_scores_every_checkpoint_and_marks_best(prompt_file, tmp_path):

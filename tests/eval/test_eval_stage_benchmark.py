@@ -54,7 +54,9 @@ def test_draft_weights_rows_side_by_side(tmp_path):
     from headstart.models.checkpoint import build_drafter, save_drafter, write_decoding
     from headstart.models.eagle_config import Eagle3Config
 
-    cfg = BackboneConfig(name="tiny", path="tiny", dtype="float32", tiny={"seed": 3, "initializer_range": 0.2})
+    cfg = BackboneConfig(
+        name="tiny", path="tiny", dtype="float32", tiny={"seed": 3, "initializer_range": 0.2}
+    )
     bb, mcfg = load_backbone(cfg), Eagle3Config(aux_layers=[1, 1, 1], draft_vocab_size=64)
     ckpt = save_drafter(tmp_path / "d", build_drafter("eagle3", mcfg, bb), "eagle3", mcfg, cfg, bb)
     write_decoding(ckpt, {"decoder": {"num_draft_tokens": 2, "tree_nodes": 5, "topk": 2}})

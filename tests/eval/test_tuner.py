@@ -211,17 +211,9 @@ def test_eval_uses_the_tuned_settings_and_user_options_win(ckpt, prompts, tmp_pa
     write_decoding(ckpt, {**saved, "decoder": {"tree": [[0], [1], [2]]}})
     report = _eval(ckpt, prompts, tmp_path / "b")
     assert report["decoding"]["reused"] is True and report["timing"]["verify_width"] == 4
-    # measured with the CPU's int8 drafter layers (draft_weights=auto): not reused for the trained weights
-    assert saved["conditions"]["draft_weights"] == "int8" and report["decoding"]["draft_weights"] == "int8"
-    report = _eval(ckpt, prompts, tmp_path / "n", draft_weights="native")
-    assert report["decoding"]["reused"] is False and report["decoding"]["draft_weights"] == "native"
-    assert read_decoding(ckpt)["conditions"]["draft_weights"] == "native"
-    old = read_decoding(ckpt)  # a decoding.json written before the key: measured on the trained weights
-    write_decoding(ckpt, {**old, "conditions": {k: v for k, v in old["conditions"].items() if k != "draft_weights"}})
-    assert _eval(ckpt, prompts, tmp_path / "o", draft_weights="native")["decoding"]["reused"] is True
     # the user's option wins and is recorded as the user's
     report = _eval(ckpt, prompts, tmp_path / "c", tree_nodes=1)
-    assert report["decoding"] == {"source": "user", "options": {"tree_nodes": 1}, "draft_weights": "int8"}
+    assert report["decoding"] == {"source": "user", "options": {"tree_nodes": 1}, "draft_weights": "native"}
     assert report["timing"]["verify_width"] == 2
     # tuner.mode=off: the hand-set defaults
     from headstart.eval.tuner import TunerConfig
