@@ -137,7 +137,7 @@ def hf_runner(backbone: Backbone, max_new_tokens: int, eos: list[int], assistant
         with ForwardCounter(backbone.model) as counter:
             out = backbone.model.generate(x, attention_mask=torch.ones_like(x), generation_config=gen, **kw)
         tokens = out[0, len(ids) :].tolist()
-        return tokens, len(tokens) - 1, counter.calls - 1
+        return tokens, len(tokens) - 1, counter.calls - 1, None  # no draft timer inside generate
 
     return run
 
@@ -145,7 +145,8 @@ def hf_runner(backbone: Backbone, max_new_tokens: int, eos: list[int], assistant
 def ours_runner(decoder, max_new_tokens: int, eos: list[int]):
     def run(ids: list[int]) -> tuple[list[int], int, int]:
         out = decoder.generate(ids, max_new_tokens, temperature=0.0, eos_token_ids=eos)
-        return list(out.tokens), sum(out.stats.accepted_per_step), out.stats.target_forwards
+        stats = out.stats
+        return list(out.tokens), sum(stats.accepted_per_step), stats.target_forwards, stats.time_s["draft"]
 
     return run
 
@@ -194,19 +195,23 @@ def measure(
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()
-        tokens, stepped, forwards = fn(ids)
+        tokens, stepped, forwards, draft_s = fn(ids)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        return tokens, stepped, forwards, time.perf_counter() - start
+        return tokens, stepped, forwards, draft_s, time.perf_counter() - start
 
     for ids in prompts[:warmup]:
         for fn in methods.values():
             fn(ids)
     first: dict[tuple[str, int], tuple] = {}
+    drafting = {name: [0.0, 0] for name in methods}  # over every timed run: draft seconds, steps
 
     def run(name: str, unit: int) -> Sample:
-        tokens, stepped, forwards, seconds = timed(methods[name], prompts[unit])
+        tokens, stepped, forwards, draft_s, seconds = timed(methods[name], prompts[unit])
         first.setdefault((name, unit), (tokens, stepped, forwards))
+        if draft_s is not None:
+            drafting[name][0] += draft_s
+            drafting[name][1] += forwards
         return Sample(len(tokens), seconds, forwards + 1)
 
     timer = Interleaved(list(methods), "ours vanilla", timing)
@@ -222,6 +227,7 @@ def measure(
             "timed_tokens": sum(x.tokens for x in samples),
             "seconds": sum(x.seconds for x in samples),
             "matches": sum(r[0] == first["ours vanilla", u][0] for u, r in enumerate(runs)),
+            "draft_ms_per_step": 1000 * drafting[name][0] / drafting[name][1] if drafting[name][1] else None,
         }
     return totals, timer
 
@@ -243,6 +249,7 @@ def table(totals: dict[str, dict], n_prompts: int, timer: Interleaved) -> list[d
                 "speedup_ci": vs["ci"],
                 "ratio_vs_hf_greedy": hf["median"],
                 "matches_ours_vanilla": t["matches"] / n_prompts,
+                "draft_ms_per_step": t["draft_ms_per_step"],  # ours: the proposer's time a step
                 "new_tokens": t["tokens"],
             }
         )
@@ -257,13 +264,15 @@ def markdown(rows: list[dict], settings: dict) -> str:
     lines = [
         f"# Benchmark ({head})",
         "",
-        "| method | tokens/s | tau | speedup vs ours vanilla [95% CI] | vs HF greedy | == ours vanilla | new tokens |",
-        "|---|---|---|---|---|---|---|",
+        "| method | tokens/s | tau | draft ms / step | speedup vs ours vanilla [95% CI] | vs HF greedy "
+        "| == ours vanilla | new tokens |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ci = r["speedup_ci"]
         lines.append(
-            f"| {r['method']} | {f(r['tokens_per_s'], 1)} | {f(r['tau'])} | {f(r['speedup_vs_ours_vanilla'])} "
+            f"| {r['method']} | {f(r['tokens_per_s'], 1)} | {f(r['tau'])} | {f(r['draft_ms_per_step'])} "
+            f"| {f(r['speedup_vs_ours_vanilla'])} "
             f"[{f(ci[0])}, {f(ci[1])}] | {f(r['ratio_vs_hf_greedy'])} | {f(r['matches_ours_vanilla'])} "
             f"| {r['new_tokens']} |"
         )
