@@ -65,6 +65,7 @@ def test_draft_weights_rows_side_by_side(tmp_path):
     rows = {r["method"]: r for r in main(argv)}
     assert list(rows) == ["ours vanilla", "ours eagle3 (native)", "ours eagle3 (int8)", "ours prompt_lookup"]
     assert all(r["matches_ours_vanilla"] == 1.0 and r["ratio_vs_hf_greedy"] is None for r in rows.values())
-    assert rows["ours eagle3 (int8)"]["draft_ms_per_step"] > 0 and rows["ours vanilla"]["draft_ms_per_step"] == 0
+    drafts = {m: r["draft_ms_per_step"] for m, r in rows.items()}
+    assert drafts["ours vanilla"] < drafts["ours eagle3 (int8)"]  # vanilla: the decoder's no-op, ~2 us
     with pytest.raises(EvalError, match="--draft-weights int8,int8"):
         main([*argv, "--draft-weights", "int8,int8"])  # the last one given wins
