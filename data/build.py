@@ -25,9 +25,10 @@ from headstart.data.cache import (
     tokenization_key,
 )
 from headstart.data.chat import IGNORE, Sample, tokenize_rows
-from headstart.data.config import DataConfig, DataError
+from headstart.data.config import BACKBONE_PROMPTS, DataConfig, DataError
 from headstart.data.dataset import TokenizedDataset
 from headstart.data.loading import open_source
+from headstart.data.self_prompts import backbone_rows, prompts_file
 from headstart.data.selfdistill import collect, fill, regen_file, resolve_engine
 from headstart.data.sources import Row, Skips, read_rows
 from headstart.logs import FILE_ONLY
@@ -37,9 +38,12 @@ TOKENIZE_BATCH = 64  # rows per .map batch (one batched tokenizer call)
 
 
 def select_rows(rows: list[Row], cfg: DataConfig) -> tuple[list[Row], list[Row]]:
-    """(eval, train): a seeded shuffle; eval first, then up to `max_rows` training rows."""
+    """(eval, train): a seeded shuffle; eval first, then up to `max_rows` training rows. Prompts the backbone
+    wrote are independent samples already, kept in the order they were written: a larger `max_rows` samples
+    on after them, so every run's rows (held-out ones too) are a prefix of a larger run's."""
     order = list(rows)
-    random.Random(cfg.seed).shuffle(order)
+    if cfg.source != BACKBONE_PROMPTS:
+        random.Random(cfg.seed).shuffle(order)
     if len(order) <= cfg.eval_rows:
         raise DataError(
             f"data: only {len(order)} usable conversations, and data.eval_rows={cfg.eval_rows} leaves none for "
@@ -149,6 +153,11 @@ def _load_cached(path: Path) -> tuple[TokenizedDataset, TokenizedDataset, dict] 
     return train, evals, {**stats, "cache_hit": True, "cache_file": str(path)}
 
 
+def _cache_file(cache_dir: Path, cfg: DataConfig, source_fp: str, tokenizer, backbone_fp: str | None) -> Path:
+    key = cache_key(cfg, source_fp, tokenization_key(tokenizer), backbone_fp)
+    return cache_dir / "tokenized" / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', cfg.name)}-{key}.safetensors"
+
+
 def build_datasets(
     cfg: DataConfig, tokenizer, cache_dir: Path, backbone=None, show_progress: bool = True
 ) -> tuple[TokenizedDataset, TokenizedDataset, dict]:
@@ -163,17 +172,25 @@ def build_datasets(
     backbone_fp = backbone_fingerprint(backbone) if regenerated else None
     if regenerated:  # auto -> hf | vllm once, before anything is keyed by it
         cfg = replace(cfg, regen=resolve_engine(cfg.regen, backbone))
-    with open_source(cfg) as src:
-        key = cache_key(cfg, src.fingerprint, tokenization_key(tokenizer), backbone_fp)
-        name = re.sub(r"[^A-Za-z0-9_.-]", "_", cfg.name)
-        cache_file = cache_dir / "tokenized" / f"{name}-{key}.safetensors"
+    t0 = time.perf_counter()
+    if cfg.source == BACKBONE_PROMPTS:  # prompts the backbone writes (keyed by their own file)
+        prompts = prompts_file(cache_dir, backbone_fp, cfg)
+        cache_file = _cache_file(cache_dir, cfg, prompts.stem, tokenizer, backbone_fp)
         cached = _load_cached(cache_file)
         if cached is not None:
             return cached
-        t0 = time.perf_counter()
-        limit = cfg.eval_rows + cfg.max_rows if cfg.streaming else None
-        rows, stats = read_rows(src, cfg.format, cfg, hf_cache=cache_dir / "hf", limit=limit)
-        stats["read_seconds"] = round(time.perf_counter() - t0, 3)
+        rows, prompt_stats = backbone_rows(cfg, backbone, prompts, show_progress)
+        stats = {"source": BACKBONE_PROMPTS, "source_kind": "backbone", "prompts": prompt_stats}
+        stats.update(usable_rows=len(rows), skipped={}, skipped_examples={})
+    else:
+        with open_source(cfg) as src:
+            cache_file = _cache_file(cache_dir, cfg, src.fingerprint, tokenizer, backbone_fp)
+            cached = _load_cached(cache_file)
+            if cached is not None:
+                return cached
+            limit = cfg.eval_rows + cfg.max_rows if cfg.streaming else None
+            rows, stats = read_rows(src, cfg.format, cfg, hf_cache=cache_dir / "hf", limit=limit)
+    stats["read_seconds"] = round(time.perf_counter() - t0, 3)
     eval_rows, train_rows = select_rows(rows, cfg)
     del rows
     splits, skipped = {}, dict(stats["skipped"])

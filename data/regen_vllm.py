@@ -4,7 +4,7 @@ The rows, the rendered prompts (token ids, chat template applied here), the stop
 are data/selfdistill.py's; only the engine differs. vLLM batches the chunk of prompts itself (continuous
 batching), samples each row with its own seed (so results do not depend on chunk boundaries, which move when a
 run resumes), and stops on the same ids. vLLM drops a stop token from its output, so it is put back when the
-request finished on one: `_decode` then sees the same ids the HF path returns.
+request finished on one: `decode_reply` then sees the same ids the HF path returns.
 """
 
 from __future__ import annotations

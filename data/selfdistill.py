@@ -53,7 +53,7 @@ def _load_done(path: Path) -> dict[str, dict]:
     return done
 
 
-def _end_partial_line(path: Path) -> None:
+def end_partial_line(path: Path) -> None:
     """A run killed mid-write leaves a line without its newline: end it, so the next record starts a line of
     its own (the broken line is ignored on reading and its row regenerated)."""
     if path.is_file() and path.stat().st_size:
@@ -63,7 +63,7 @@ def _end_partial_line(path: Path) -> None:
                 f.write(b"\n")
 
 
-def _stop_ids(tokenizer, model, eot: str) -> set[int]:
+def stop_ids(tokenizer, model, eot: str) -> set[int]:
     """EOS ids plus the chat template's end-of-turn marker when it is one token."""
     ids = set(eos_token_ids(tokenizer, model))
     eot_ids = tokenizer(eot.strip(), add_special_tokens=False)["input_ids"] if eot.strip() else []
@@ -72,7 +72,7 @@ def _stop_ids(tokenizer, model, eot: str) -> set[int]:
     return ids
 
 
-def _decode(tokenizer, new_ids: list[int], stop: set[int], eot: str) -> tuple[str, bool]:
+def decode_reply(tokenizer, new_ids: list[int], stop: set[int], eot: str) -> tuple[str, bool]:
     """Reply text without the end-of-turn / EOS, and whether the model ended the turn itself."""
     cut = next((i for i, t in enumerate(new_ids) if t in stop), None)
     text = tokenizer.decode(new_ids[:cut], skip_special_tokens=True)
@@ -98,7 +98,7 @@ def _generate(
 Generate = Callable[[list[list[int]], set[int], int, list[int]], list[list[int]]]
 
 
-def _hf_generate(backbone, regen: RegenConfig) -> Generate:
+def hf_generate(backbone, regen: RegenConfig) -> Generate:
     return lambda prompts, stop, seed, _row_seeds: _generate(backbone, prompts, regen, stop, seed)
 
 
@@ -127,7 +127,7 @@ def _regen_batch(
     """Regenerate up to `regen.max_turns` assistant turns of each row, turn by turn across the batch."""
     tok = backbone.tokenizer
     eot = end_of_turn_text(tok)
-    stop = _stop_ids(tok, backbone.model, eot)
+    stop = stop_ids(tok, backbone.model, eot)
     convs = [[dict(m) for m in row.messages] for row in batch]
     turns = [[i for i, m in enumerate(c) if m["role"] == "assistant"] for c in convs]
     kept = [0] * len(batch)  # messages kept: up to and including the last regenerated turn
@@ -146,7 +146,7 @@ def _regen_batch(
         if not todo:
             break
         for b, new in zip(todo, generate(prompts, stop, seed + batch[0].row_id + t, row_seeds)):
-            text, finished = _decode(tok, new, stop, eot)
+            text, finished = decode_reply(tok, new, stop, eot)
             convs[b][turns[b][t]]["content"] = text
             kept[b], open_end[b] = turns[b][t] + 1, not finished
         active = [b for b in todo if not open_end[b]]  # a cut reply ends its conversation
@@ -207,7 +207,7 @@ def fill(
         path,
     )
     path.parent.mkdir(parents=True, exist_ok=True)
-    _end_partial_line(path)
+    end_partial_line(path)
     with contextlib.ExitStack() as stack:
         if not todo:
             generate, chunk = None, 1
@@ -217,7 +217,7 @@ def fill(
             vllm = stack.enter_context(VllmRegen(backbone, regen, max_length))
             generate, chunk = vllm.generate, regen.vllm_chunk
         else:
-            generate, chunk = _hf_generate(backbone, regen), regen.batch_size
+            generate, chunk = hf_generate(backbone, regen), regen.batch_size
         f = stack.enter_context(open(path, "a", encoding="utf-8"))
         bar = stack.enter_context(
             tqdm(

@@ -7,7 +7,7 @@ import torch
 
 from headstart.data import DataConfig, RegenConfig, build_datasets
 from headstart.data.chat import IGNORE, end_of_turn_text
-from headstart.data.selfdistill import _decode
+from headstart.data.selfdistill import decode_reply
 
 
 def conversation(i: int, turns: int) -> dict:
@@ -151,7 +151,10 @@ def test_decode_strips_end_of_turn(backbone):
     tok = backbone.tokenizer
     end = tok.convert_tokens_to_ids("<|im_end|>")
     ids = tok("hi")["input_ids"]
-    assert _decode(tok, ids + [end] + tok("junk")["input_ids"], {end}, "<|im_end|>\n") == ("hi", True)
-    assert _decode(tok, ids, {end}, "<|im_end|>\n") == ("hi", False)
-    assert _decode(tok, tok("ok</s>\nx")["input_ids"], {end}, "</s>\n") == ("ok", True)  # spelled as text
+    assert decode_reply(tok, ids + [end] + tok("junk")["input_ids"], {end}, "<|im_end|>\n") == ("hi", True)
+    assert decode_reply(tok, ids, {end}, "<|im_end|>\n") == ("hi", False)
+    assert decode_reply(tok, tok("ok</s>\nx")["input_ids"], {end}, "</s>\n") == (
+        "ok",
+        True,
+    )  # spelled as text
     assert end_of_turn_text(tok) == "<|im_end|>\n"
