@@ -20,6 +20,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("vllm_worker.py")
 STAMP = ".headstart-vllm-installed"
+CPU_KV_BYTES = 3 * 2**30  # the KV cache on CPU, shared by the engines alive at once (engine_spec)
+CPU_KV_MIN_BYTES = 2**29
 SETUP_FIX = "Fix: ./launch.sh vllm-setup (builds the isolated vLLM environment, ~3 min)"
 
 
@@ -75,23 +77,29 @@ def engine_spec(
 ) -> dict:
     """`vllm.LLM` keyword arguments that work on a shared CPU and on a GPU.
 
-    On CPU `gpu_memory_utilization` sizes the KV cache in RAM: the default (0.92) refuses to start beside other
-    processes; 0.15 of 24 GiB is ~3.6 GB, room for hundreds of 1k-token sequences of a 135M model. `engines`
-    alive at once (the serve check times them side by side, eval/interleave.py) share that: 0.8 / engines of
-    a GPU; on CPU 0.15 / engines but at least 0.075 (1.8 of 24 GiB: the 135M model's 1.2 GiB outside the KV
-    cache plus ~20k tokens of KV, plenty at batch size 1). The engine is compiled as vLLM compiles it by default (the CPU build: torch.compile with inductor, 50-80 s more
+    The KV cache: on a GPU `gpu_memory_utilization`, 0.8 shared by the `engines` alive at once (the serve
+    check times them side by side, eval/interleave.py). On CPU an explicit size, `kv_cache_memory_bytes`:
+    CPU_KV_BYTES (3 GiB, ~130k tokens of a 135M model's KV: a regeneration batch of 256 long rows) split
+    among the engines, at least 512 MiB each (~20k tokens, plenty at batch size 1). vLLM's CPU worker sizes a
+    fraction against the memory of its NUMA node minus its own RSS: the default 0.92 refuses to start beside
+    other processes, and a small fraction fails on a machine whose node holds 11 of its 24 GiB (0.075 of 11
+    GiB is less than the 1.2 GiB the model itself takes; found on a fresh machine). The engine is compiled as vLLM compiles it by default (the CPU build: torch.compile with inductor, 50-80 s more
     start-up), so the serve check's figures are what a vLLM user gets: on the 2-core CPU plain decoding at
     batch size 1 ran ~30% faster than eager. `eager_default=True` (regeneration on CPU) starts it eager: wide
     batches are matmul-bound, and compiled generation measured 0.94x-1.05x eager's tokens/s after a longer
     start-up (`./launch.sh bench-regen --engines vllm-eager,vllm`; README). `HEADSTART_VLLM_EAGER` overrides
     both. `generation_config="vllm"` keeps vLLM from applying the model's generation_config.json defaults
     (repetition penalty, top-p): sampling is exactly what we ask."""
+    if on_gpu():
+        memory = {"gpu_memory_utilization": 0.8 / engines}
+    else:
+        memory = {"kv_cache_memory_bytes": max(CPU_KV_BYTES // engines, CPU_KV_MIN_BYTES)}
     spec = {
         "model": str(model),
         "dtype": dtype,
         "max_model_len": max_model_len,
         "enforce_eager": eager(eager_default),
-        "gpu_memory_utilization": 0.8 / engines if on_gpu() else max(0.15 / engines, 0.075),
+        **memory,
         "generation_config": "vllm",
         "disable_log_stats": False,  # get_metrics() needs the stat loggers
         "seed": 0,

@@ -99,12 +99,15 @@ def test_a_run_waits_for_the_previous_engine_to_settle(monkeypatch):
 def test_engines_alive_together_share_the_memory_fraction(monkeypatch):
     import headstart.vllm_runner as vr
 
-    monkeypatch.setattr(vr, "on_gpu", lambda: False)
-    assert vr.engine_spec("m")["gpu_memory_utilization"] == pytest.approx(0.15)
-    assert vr.engine_spec("m", engines=2)["gpu_memory_utilization"] == pytest.approx(0.075)
-    assert vr.engine_spec("m", engines=5)["gpu_memory_utilization"] == pytest.approx(0.075)  # the CPU floor
+    monkeypatch.setattr(vr, "on_gpu", lambda: False)  # CPU: an explicit KV size, not a fraction of a node
+    gib = 2**30
+    assert vr.engine_spec("m")["kv_cache_memory_bytes"] == 3 * gib
+    assert vr.engine_spec("m", engines=2)["kv_cache_memory_bytes"] == 3 * gib // 2
+    assert vr.engine_spec("m", engines=8)["kv_cache_memory_bytes"] == gib // 2  # the floor
+    assert "gpu_memory_utilization" not in vr.engine_spec("m")
     monkeypatch.setattr(vr, "on_gpu", lambda: True)
-    assert vr.engine_spec("m", engines=4)["gpu_memory_utilization"] == pytest.approx(0.2)
+    spec = vr.engine_spec("m", engines=4)
+    assert spec["gpu_memory_utilization"] == pytest.approx(0.2) and "kv_cache_memory_bytes" not in spec
 
 
 # ---------------------------------------------------------------- the K sweep
@@ -155,7 +158,7 @@ def test_start_engines_shares_memory_and_tolerates_a_failed_layout_only_when_ask
         engines, errors = il.start_engines(stack, "m", specs, 256, tmp_path, tolerate=True)
     assert list(engines) == ["vllm:plain"] and "cannot load" in errors["vllm:eagle3"]
     assert engines["vllm:plain"].log_path == tmp_path / "plain.log"
-    assert fake_vllm.started[0]["gpu_memory_utilization"] == pytest.approx(0.075)  # 2 engines' CPU share
+    assert fake_vllm.started[0]["kv_cache_memory_bytes"] == 3 * 2**30 // 2  # 2 engines' CPU share
     with ExitStack() as stack, pytest.raises(vr.VllmError, match="cannot load"):
         il.start_engines(stack, "m", specs, 256, tmp_path)
 
@@ -179,7 +182,7 @@ def test_the_k_sweep_serves_every_k_side_by_side_and_keeps_the_fastest(medusa_ck
     # one plain engine and one per K, all started before the timing, sharing the memory
     assert len(fake_vllm.started) == 4 and fake_vllm.started[0].get("speculative_config") is None
     assert [s["speculative_config"]["num_speculative_tokens"] for s in fake_vllm.started[1:]] == [1, 2, 3]
-    assert all(s["gpu_memory_utilization"] <= 0.075 + 1e-9 for s in fake_vllm.started)
+    assert all(s["kv_cache_memory_bytes"] == 3 * 2**30 // 4 for s in fake_vllm.started)
     by_k = report["summary"]["by_k"]
     # K=2: 1.8 tokens a step at 12 ms vs plain 10 ms a token -> 1.5x; K=1 1.36x; K=3 1.19x
     steps = math.ceil(30 / 1.8)
@@ -250,7 +253,7 @@ def test_the_serve_check_starts_every_engine_first_and_interleaves(medusa_ckpt, 
     # vLLM plain, the Medusa vLLM layout and ngram, alive together
     kinds = [(s.get("speculative_config") or {}).get("method") for s in fake_vllm.started]
     assert kinds == [None, "medusa", "ngram"] and all(
-        s["gpu_memory_utilization"] == 0.075 for s in fake_vllm.started
+        s["kv_cache_memory_bytes"] == 2**30 for s in fake_vllm.started
     )
     assert report["timing"] == "interleaved" and report["k"] == 2
     (row,) = report["layouts"]
