@@ -35,11 +35,17 @@ class VllmRegen:
         self.regen = regen
         # a prompt is < max_length tokens (longer ones are skipped before generation): room for the reply
         try:
+            # Seeded sampling on CPU with a prefill split over two steps kills vLLM's engine (it rewinds the
+            # request's generator with `set_offset`, which a CPU generator lacks: "CPU Generator does not use
+            # offset"); a wide batch of sampled rows splits one as soon as the KV cache holds it. Unsplit
+            # prefills wait for the next step instead.
+            split = {"enable_chunked_prefill": False} if regen.temperature > 0 and not on_gpu() else {}
             spec = engine_spec(  # eager on CPU: compiling buys a batch job nothing there (engine_spec)
                 model,
                 DTYPE_NAMES.get(str(backbone.dtype), "bfloat16"),
                 max_length + regen.max_new_tokens,
                 eager_default=not on_gpu(),
+                **split,
             )
             self.engine = VllmEngine(spec, env=batch_env())
         except VllmError as e:  # one line naming the fix, like every data error (train/cli.py)

@@ -187,3 +187,20 @@ def test_regeneration_starts_vllm_eager_on_cpu(backbone, monkeypatch):
         monkeypatch.setattr(regen_vllm, "on_gpu", lambda gpu=gpu: gpu)
         regen_vllm.VllmRegen(backbone, RegenConfig(engine="vllm"), 64)
     assert [s["enforce_eager"] for s in specs] == [True, False]
+
+
+def test_sampled_rows_on_cpu_never_split_a_prefill(backbone, monkeypatch):
+    """vLLM's CPU engine dies when a seeded request's prefill is split (it rewinds a CPU generator's offset):
+    sampling on CPU starts the engine without chunked prefill; greedy and GPU engines keep vLLM's default."""
+    specs = []
+
+    class Engine:
+        def __init__(self, spec, env=None):
+            specs.append(spec)
+
+    monkeypatch.setattr(regen_vllm, "VllmEngine", Engine)
+    monkeypatch.setattr(backbone.model, "name_or_path", "/some/folder")
+    for gpu, temperature in ((False, 1.0), (False, 0.0), (True, 1.0)):
+        monkeypatch.setattr(regen_vllm, "on_gpu", lambda gpu=gpu: gpu)
+        regen_vllm.VllmRegen(backbone, RegenConfig(engine="vllm", temperature=temperature), 64)
+    assert [s.get("enable_chunked_prefill") for s in specs] == [False, None, None]
