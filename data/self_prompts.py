@@ -5,10 +5,12 @@ An instruction-tuned model given its chat template only up to where a user's wor
 turn: a sample of the requests it was aligned on. Those prompts, answered by the same model
 (`responses=regenerated`), need no data set at all, and they are closer to what a chat server is asked than
 ShareGPT's pasted documents and multi-part threads. Prompt i is sampled with its own seed (`seed * 1_000_003 +
-i`), so the set does not depend on batching and a killed run resumes: every finished chunk is appended to a
-JSON-lines file keyed by the backbone, the settings and the engine. A prompt is kept when the model ended its
+i`; vLLM seeds each request, HF generate each chunk), so with vLLM the set does not depend on batching, and a
+killed run resumes: every finished chunk is appended to a JSON-lines file keyed by the backbone, the settings
+and the engine. A prompt is kept when the model ended its
 turn by itself within `max_new_tokens`, it has at least `min_chars` characters and no earlier prompt is
-identical; sampling continues until `eval_rows + max_rows` are kept.
+identical; sampling continues until `eval_rows + max_rows` are kept. For the main job's Medusa heads on
+SmolLM2 they measured level with ShareGPT's prompts in vLLM (README, "What each lever bought").
 """
 
 from __future__ import annotations
