@@ -27,7 +27,14 @@ from tqdm.auto import tqdm
 
 from headstart.data.chat import end_of_turn_text, render
 from headstart.data.config import DataConfig, DataError
-from headstart.data.selfdistill import decode_reply, end_partial_line, hf_generate, regen_key, stop_ids
+from headstart.data.selfdistill import (
+    decode_reply,
+    end_partial_line,
+    load_records,
+    open_engine,
+    regen_key,
+    stop_ids,
+)
 from headstart.data.sources import Row
 
 log = logging.getLogger("headstart.data")
@@ -53,17 +60,6 @@ def prompts_file(cache_dir: Path, backbone_fp: str, cfg: DataConfig) -> Path:
     key["engine"] = regen_key(cfg.regen).get("engine", "hf")
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return Path(cache_dir) / "prompts" / f"{digest}.jsonl"
-
-
-def _load(path: Path) -> dict[int, dict]:
-    done = {}
-    if path.is_file():
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                with contextlib.suppress(json.JSONDecodeError, KeyError, TypeError):
-                    rec = json.loads(line)
-                    done[int(rec["i"])] = rec
-    return done
 
 
 def _kept(done: dict[int, dict], min_chars: int) -> tuple[list[Row], dict]:
@@ -100,13 +96,19 @@ def backbone_rows(
     sampling = replace(
         cfg.regen, temperature=cfg.prompts.temperature, max_new_tokens=cfg.prompts.max_new_tokens
     )
-    done = _load(path)
+    done = {int(i): rec for i, rec in load_records(path, "i").items()}
     rows, stats = _kept(done, cfg.prompts.min_chars)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    end_partial_line(path)  # a run killed mid-write: its last prompt is sampled again
     with contextlib.ExitStack() as stack:
-        generate = None
-        while len(rows) < need:
+        if len(rows) < need:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            end_partial_line(path)  # a run killed mid-write: its last prompt is sampled again
+            log.info("data.source=backbone: sampling user prompts (%d usable, %d needed)", len(rows), need)
+            generate, chunk = open_engine(stack, backbone, sampling, len(prefix))
+            f = stack.enter_context(open(path, "a", encoding="utf-8"))
+            bar = stack.enter_context(
+                tqdm(total=need, initial=len(rows), disable=not show_progress, desc="prompts", unit="prompt")
+            )
+        while len(rows) < need:  # one chunk at a time, from the first index not sampled yet
             start = max(done, default=-1) + 1
             if start >= MAX_DRAWS * need:
                 raise DataError(
@@ -114,47 +116,15 @@ def backbone_rows(
                     f"usable ({stats}). Fix: raise data.prompts.max_new_tokens, lower data.prompts.min_chars, or "
                     "lower data.max_rows"
                 )
-            if generate is None:
-                generate, chunk = _engine(stack, backbone, sampling, len(prefix))
-                log.info(
-                    "data.source=backbone: sampling user prompts (%d usable so far, %d needed)",
-                    len(rows),
-                    need,
-                )
-                bar = stack.enter_context(
-                    tqdm(
-                        total=need,
-                        initial=len(rows),
-                        disable=not show_progress,
-                        desc="prompts",
-                        unit="prompt",
-                    )
-                )
-                f = stack.enter_context(open(path, "a", encoding="utf-8"))
-            # ask for what is missing plus a quarter (some are cut or repeat), whole chunks
-            todo = list(range(start, start + max(chunk, (need - len(rows)) * 5 // 4)))
-            for c in range(0, len(todo), chunk):
-                ids = todo[c : c + chunk]
-                seeds = [cfg.seed * 1_000_003 + i for i in ids]
-                for i, new in zip(ids, generate([prefix] * len(ids), stop, seeds[0], seeds)):
-                    text, finished = decode_reply(tok, new, stop, eot)
-                    done[i] = {"i": i, "text": text, "finished": finished}
-                    f.write(json.dumps(done[i], ensure_ascii=False) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-                before = len(rows)
-                rows, stats = _kept(done, cfg.prompts.min_chars)
-                bar.update(min(len(rows), need) - min(before, need))
-                if len(rows) >= need:
-                    break
+            ids = list(range(start, start + chunk))
+            seeds = [cfg.seed * 1_000_003 + i for i in ids]
+            for i, new in zip(ids, generate([prefix] * len(ids), stop, seeds[0], seeds)):
+                text, finished = decode_reply(tok, new, stop, eot)
+                done[i] = {"i": i, "text": text, "finished": finished}
+                f.write(json.dumps(done[i], ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+            before = len(rows)
+            rows, stats = _kept(done, cfg.prompts.min_chars)
+            bar.update(min(len(rows), need) - before)
     return rows[:need], stats | {"used": need}
-
-
-def _engine(stack: contextlib.ExitStack, backbone, sampling, prefix_len: int):
-    """The regeneration engine (vLLM or HF generate), sampling prompts: (generate, chunk size)."""
-    if sampling.engine == "vllm":
-        from headstart.data.regen_vllm import VllmRegen
-
-        vllm = stack.enter_context(VllmRegen(backbone, sampling, prefix_len))
-        return vllm.generate, sampling.vllm_chunk
-    return hf_generate(backbone, sampling), sampling.batch_size

@@ -39,15 +39,16 @@ def row_key(row: Row) -> str:
     return hashlib.sha256(json.dumps(row.messages, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def _load_done(path: Path) -> dict[str, dict]:
-    """Finished rows from an earlier (possibly interrupted) run; a half-written last line is ignored."""
+def load_records(path: Path, key: str) -> dict:
+    """Records of a JSON-lines cache by `rec[key]`, from an earlier (possibly interrupted) run; a half-written
+    last line is ignored."""
     done = {}
     if path.is_file():
         with open(path, encoding="utf-8") as f:
             for line in f:
                 try:
                     rec = json.loads(line)
-                    done[rec["key"]] = rec
+                    done[rec[key]] = rec
                 except (json.JSONDecodeError, KeyError, TypeError):
                     continue
     return done
@@ -98,8 +99,21 @@ def _generate(
 Generate = Callable[[list[list[int]], set[int], int, list[int]], list[list[int]]]
 
 
-def hf_generate(backbone, regen: RegenConfig) -> Generate:
+def _hf_generate(backbone, regen: RegenConfig) -> Generate:
     return lambda prompts, stop, seed, _row_seeds: _generate(backbone, prompts, regen, stop, seed)
+
+
+def open_engine(
+    stack: contextlib.ExitStack, backbone, regen: RegenConfig, max_length: int
+) -> tuple[Generate, int]:
+    """The resolved `regen.engine` for prompts under `max_length` tokens, closed with `stack`: (generate,
+    prompts per call)."""
+    if regen.engine == "vllm":
+        from headstart.data.regen_vllm import VllmRegen
+
+        vllm = stack.enter_context(VllmRegen(backbone, regen, max_length))
+        return vllm.generate, regen.vllm_chunk
+    return _hf_generate(backbone, regen), regen.batch_size
 
 
 def resolve_engine(regen: RegenConfig, backbone) -> RegenConfig:
@@ -197,7 +211,7 @@ def fill(
     """Generate the rows `path` does not hold yet, with one engine for all of them (several splits in one
     call pay one vLLM start-up), appending each chunk to `path` as it finishes. -> (every finished record by
     row key, the keys generated now)."""
-    done = _load_done(path)
+    done = load_records(path, "key")
     todo = [r for r in rows if row_key(r) not in done]
     log.info(
         "regenerating %d of %d conversations (%d cached in %s)",
@@ -209,15 +223,7 @@ def fill(
     path.parent.mkdir(parents=True, exist_ok=True)
     end_partial_line(path)
     with contextlib.ExitStack() as stack:
-        if not todo:
-            generate, chunk = None, 1
-        elif regen.engine == "vllm":
-            from headstart.data.regen_vllm import VllmRegen
-
-            vllm = stack.enter_context(VllmRegen(backbone, regen, max_length))
-            generate, chunk = vllm.generate, regen.vllm_chunk
-        else:
-            generate, chunk = hf_generate(backbone, regen), regen.batch_size
+        generate, chunk = open_engine(stack, backbone, regen, max_length) if todo else (None, 1)
         f = stack.enter_context(open(path, "a", encoding="utf-8"))
         bar = stack.enter_context(
             tqdm(
