@@ -6,7 +6,8 @@
   as the *output* of layer j (it captures before layer j+1), so we write (our input-of-layer id) - 1. vLLM
   loads this layout too, but reads the same ids as *inputs* of layers (one layer early) unless a top-level
   `eagle_aux_hidden_state_layer_ids` exists, which it prefers and SGLang ignores: so that key carries our ids
-  as they are, and each engine fuses the layers the drafter was trained on.
+  as they are, and each engine fuses the layers the drafter was trained on. Over the full vocabulary
+  (draft_vocab_size = V) `d2t`/`t2d` are left out: vLLM then has no parameter for them and refuses the file.
 - `speculators` (vllm-project/speculators, loaded by vLLM's eagle3 model): the same tensors with `layers.0.*`;
   config `speculators_model_type: eagle3`, `transformer_layer_config`, `draft_vocab_size`,
   `norm_before_residual` (always written: False, the residual is the un-normed feature), top-level
@@ -112,6 +113,8 @@ def to_layout(
         return {**config, "architectures": ["LlamaForCausalLM"], "bias": True}, fold_fc_bias(tensors)
     aux = list(d.aux_layers)
     config |= {"draft_vocab_size": len(d.d2t)}
+    if len(d.d2t) == len(d.t2d):  # the full vocabulary: vLLM has no d2t parameter then and refuses the file
+        tensors = {k: v for k, v in tensors.items() if k not in ("d2t", "t2d")}
     if layout == "eagle3":
         if 0 in aux:
             raise ValueError("aux layer 0 (the embeddings) has no 'output of layer j' id for SGLang/EAGLE-3")
@@ -181,6 +184,8 @@ def read_layout(folder: Path, backbone) -> EagleDrafter:
             )
     prefix = PREFIX[layout]
     state = {("layer." + k[len(prefix) :] if k.startswith(prefix) else k): v for k, v in tensors.items()}
+    if d.v3 and "d2t" not in state and len(d.d2t) == backbone.vocab_size:  # full vocabulary: the identity map
+        state |= {"d2t": d.d2t, "t2d": d.t2d}
     d.load_state_dict(state, strict=True)
     return d.to(torch.float32)
 

@@ -89,6 +89,21 @@ def test_eagle3_layouts(backbone, tmp_path, layout):
     torch.testing.assert_close(_logits(back, backbone), _logits(d, backbone))
 
 
+@pytest.mark.parametrize("layout", ["eagle3", "speculators"])
+def test_eagle3_full_vocabulary_has_no_map(backbone, tmp_path, layout):
+    """draft_vocab_size >= V (clamped to V): vLLM builds no draft_id_to_target_id and refuses a d2t tensor."""
+    d = _perturbed(
+        build_drafter("eagle3", Eagle3Config(aux_layers=[1, 1, 1], draft_vocab_size=10_000), backbone)
+    )
+    write_layout(d, layout, tmp_path, "tiny-base", ["LlamaForCausalLM"])
+    t = load_file(tmp_path / "model.safetensors")
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert "d2t" not in t and "t2d" not in t and cfg["draft_vocab_size"] == 259
+    back = read_layout(tmp_path, backbone).eval()
+    assert back.t2d.all() and not back.d2t.any()
+    torch.testing.assert_close(_logits(back, backbone), _logits(d, backbone))
+
+
 def test_eagle1_layout(backbone, tmp_path):
     d = _perturbed(build_drafter("eagle", EagleConfig(), backbone))
     write_layout(d, "eagle", tmp_path, "tiny-base", ["LlamaForCausalLM"])
