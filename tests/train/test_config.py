@@ -75,7 +75,7 @@ def test_each_entry_config_defaults_to_its_method():
 def test_method_switch_from_an_experiment_and_typed_schema():
     """No argv sniffing: an experiment's `override /method` gives the method's schema (its keys validate)."""
     job = to_job(make(["experiment=eagle3_smollm2_selfdistill_cpu"], name="eagle"), "eagle")
-    assert type(job.method) is Eagle3Config and job.method.ttt_steps == 4
+    assert type(job.method) is Eagle3Config and job.method.ttt_steps == 3
     job = to_job(make(["method=eagle3", "method.ttt_steps=7"], name="eagle"), "eagle")
     assert job.method.ttt_steps == 7
     with pytest.raises(ConfigCompositionException):  # EAGLE-1 has no ttt_steps
@@ -104,6 +104,10 @@ def test_the_main_job_reads_a_prefix_of_the_reference_runs_rows():
     main, eagle3 = jobs["medusa_smollm2_selfdistill_cpu"], jobs["eagle3_smollm2_selfdistill_cpu"]
     same = ("source", "seed", "eval_rows", "max_length", "responses", "regen")
     assert all(getattr(main.data, k) == getattr(eagle3.data, k) for k in same)
+    # the reference keeps the drafter it was measured with (README); the experiment trains a cheaper step
+    ref = jobs["eagle3_smollm2_reference_cpu"].method
+    assert (ref.draft_vocab_size, ref.ttt_steps) == (16384, 4)
+    assert (eagle3.method.draft_vocab_size, eagle3.method.ttt_steps) == (8192, 3)
 
 
 def test_a_method_through_another_entry_script_is_refused():
