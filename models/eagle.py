@@ -140,6 +140,11 @@ class EagleDrafter(DrafterBase):
         """Served in the target's dtype (bf16 on a bf16 target), like a draft model; as it is while training."""
         return {"drafter": self if live else self.to_serving_dtype(backbone.dtype)}
 
+    @property
+    def full_draft_vocab(self) -> bool:
+        """EAGLE-3 drafting over all of the target's ids (d2t the identity; engines then want no map)."""
+        return self.v3 and len(self.d2t) == len(self.t2d)
+
     def draft_ids(self) -> torch.Tensor:
         """(Dv,) target id of each draft id (all ids for EAGLE-1 over the full vocabulary)."""
         if self.truncated:

@@ -113,7 +113,7 @@ def to_layout(
         return {**config, "architectures": ["LlamaForCausalLM"], "bias": True}, fold_fc_bias(tensors)
     aux = list(d.aux_layers)
     config |= {"draft_vocab_size": len(d.d2t)}
-    if len(d.d2t) == len(d.t2d):  # the full vocabulary: vLLM has no d2t parameter then and refuses the file
+    if d.full_draft_vocab:  # vLLM has no d2t parameter then and refuses the file
         tensors = {k: v for k, v in tensors.items() if k not in ("d2t", "t2d")}
     if layout == "eagle3":
         if 0 in aux:
@@ -184,7 +184,7 @@ def read_layout(folder: Path, backbone) -> EagleDrafter:
             )
     prefix = PREFIX[layout]
     state = {("layer." + k[len(prefix) :] if k.startswith(prefix) else k): v for k, v in tensors.items()}
-    if d.v3 and "d2t" not in state and len(d.d2t) == backbone.vocab_size:  # full vocabulary: the identity map
+    if d.full_draft_vocab and "d2t" not in state:  # written without the map: the identity
         state |= {"d2t": d.d2t, "t2d": d.t2d}
     d.load_state_dict(state, strict=True)
     return d.to(torch.float32)
