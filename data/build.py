@@ -53,6 +53,17 @@ def select_rows(rows: list[Row], cfg: DataConfig) -> tuple[list[Row], list[Row]]
     return order[: cfg.eval_rows], rest[: cfg.max_rows] if cfg.max_rows else rest
 
 
+def added_prompts(
+    cfg: DataConfig, backbone, cache_dir: Path, backbone_fp: str, show_progress: bool
+) -> tuple[list[Row], dict]:
+    """`data.backbone_prompts` prompts the backbone writes (the same file and order as source=backbone with
+    those settings), numbered -1, -2, ... so their row ids never meet the source's record indices."""
+    own = replace(cfg, source=BACKBONE_PROMPTS, eval_rows=0, max_rows=cfg.backbone_prompts, streaming=False,
+                  backbone_prompts=0)  # fmt: skip
+    rows, stats = backbone_rows(own, backbone, prompts_file(cache_dir, backbone_fp, own), show_progress)
+    return [Row(-1 - r.row_id, r.messages, r.open_end) for r in rows], stats
+
+
 def _tokenize(
     tokenizer, rows: list[Row], cfg: DataConfig, skips: Skips, desc: str, show: bool
 ) -> list[Sample]:
@@ -193,6 +204,9 @@ def build_datasets(
     stats["read_seconds"] = round(time.perf_counter() - t0, 3)
     eval_rows, train_rows = select_rows(rows, cfg)
     del rows
+    if cfg.backbone_prompts:  # prompts the backbone writes, added to the training rows only
+        extra, stats["backbone_prompts"] = added_prompts(cfg, backbone, cache_dir, backbone_fp, show_progress)
+        train_rows += extra
     splits, skipped = {}, dict(stats["skipped"])
     examples = dict(stats["skipped_examples"])
     if regenerated:  # both splits through one engine: one vLLM start-up (~1.5 min on a CPU), not two

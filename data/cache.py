@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +65,12 @@ def cache_key(cfg: DataConfig, source_fp: str, tokenizer_fp: str, backbone_fp: s
             "regen": regen_key(cfg.regen) if regenerated else None,
             "backbone": backbone_fp if regenerated else None,
             "tokenizer": tokenizer_fp,
+            # only when set, so the caches of runs without it keep their names
+            **(
+                {"backbone_prompts": cfg.backbone_prompts, "prompts": asdict(cfg.prompts)}
+                if cfg.backbone_prompts
+                else {}
+            ),
         }
     )
 

@@ -100,6 +100,9 @@ class DataConfig:
     responses: str = "original"  # original | regenerated (self-distillation by the frozen backbone)
     regen: RegenConfig = field(default_factory=RegenConfig)
     prompts: PromptsConfig = field(default_factory=PromptsConfig)
+    # also train on this many prompts the backbone writes (as source=backbone; `prompts` above), answered like
+    # the source's rows; held-out rows stay the source's
+    backbone_prompts: int = 0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -133,6 +136,15 @@ class DataConfig:
         if not self.source:
             raise DataError(
                 f"data.source is empty. Fix: use {SHAREGPT_PACKAGE!r} or a path to a file or folder"
+            )
+        if self.backbone_prompts and (
+            self.backbone_prompts < 0 or self.responses != "regenerated" or self.source == BACKBONE_PROMPTS
+        ):
+            raise DataError(
+                f"data.backbone_prompts={self.backbone_prompts} adds prompts the backbone writes to another "
+                f"source's rows, for the backbone to answer. Fix: a count >= 0 with data.responses=regenerated "
+                f"and a source other than {BACKBONE_PROMPTS!r} (there, data.max_rows sets the count; got "
+                f"responses={self.responses!r}, source={self.source!r})"
             )
         if self.source == BACKBONE_PROMPTS and (
             self.responses != "regenerated" or self.max_rows is None or self.streaming

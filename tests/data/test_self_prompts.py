@@ -120,9 +120,50 @@ def test_too_few_usable_prompts_is_one_clear_error(backbone, tmp_path, monkeypat
     assert "Fix:" in str(e.value)
 
 
+def test_backbone_prompts_join_another_sources_training_rows(backbone, tmp_path, monkeypatch):
+    fake = ScriptedModel(backbone.tokenizer)
+    monkeypatch.setattr(backbone.model, "generate", fake)
+    src = tmp_path / "chats.jsonl"
+    src.write_text(
+        "".join(
+            json.dumps({"messages": [{"role": "user", "content": f"Question{k} here?"}, {"role": "assistant", "content": "-"}]}) + "\n"
+            for k in range(6)
+        )
+    )  # fmt: skip
+    kw = dict(source=str(src), eval_rows=2, max_rows=4)
+    plain_train, plain_eval, _ = build_datasets(config(**kw), backbone.tokenizer, tmp_path / "a", backbone)
+    train, evals, stats = build_datasets(
+        config(**kw, backbone_prompts=5), backbone.tokenizer, tmp_path, backbone
+    )
+    ids = sorted(train[i]["row_id"] for i in range(len(train)))
+    # the source's 4 rows + 5 of the backbone's, numbered -1 - (the prompt's index; unusable ones skipped)
+    assert len(train) == 9 and ids[:5] == [-8, -7, -6, -4, -1]
+    assert ids[5:] == sorted(plain_train[i]["row_id"] for i in range(4))
+    assert [evals[i]["row_id"] for i in range(2)] == [
+        plain_eval[i]["row_id"] for i in range(2)
+    ]  # held out: the source's
+    assert stats["backbone_prompts"]["used"] == 5
+    texts = [backbone.tokenizer.decode(train[i]["input_ids"].tolist()) for i in range(len(train))]
+    assert sum("Write a haiku" in t or "Explain tides" in t or "How do I sort" in t for t in texts) == 5
+    for t in texts:  # every row answered by the backbone
+        question = t.split("<|im_start|>user\n")[-1].split()[0]
+        assert f"A:{question}" in t
+    # the same prompts file as source=backbone with those settings: that run samples nothing new
+    written = fake.written
+    build_datasets(config(eval_rows=0, max_rows=5), backbone.tokenizer, tmp_path, backbone)
+    assert fake.written == written
+
+
 @pytest.mark.parametrize(
     "kw",
-    [dict(responses="original"), dict(max_rows=None), dict(prompts=dict(temperature=0.0))],
+    [
+        dict(responses="original"),
+        dict(max_rows=None),
+        dict(prompts=dict(temperature=0.0)),
+        dict(backbone_prompts=3),  # source=backbone already: max_rows is the count
+        dict(source="chats.jsonl", responses="original", backbone_prompts=3),  # nothing would answer them
+        dict(source="chats.jsonl", backbone_prompts=-1),
+    ],
 )
 def test_bad_settings_fail_at_config_time(kw):
     with pytest.raises(DataError, match="Fix:"):
