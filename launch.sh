@@ -136,7 +136,7 @@ case $verb in
 esac
 setup
 case $verb in
-  setup) [[ ${1:-} == deepspeed ]] && ensure_deepspeed ;;
+  setup) if [[ ${1:-} == deepspeed ]]; then ensure_deepspeed; fi ;;
   main)
     run_dir=runs/main-medusa-smollm2
     args=()
