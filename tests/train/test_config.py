@@ -104,9 +104,12 @@ def test_the_main_job_reads_a_prefix_of_the_reference_runs_rows():
     main, eagle3 = jobs["medusa_smollm2_selfdistill_cpu"], jobs["eagle3_smollm2_selfdistill_cpu"]
     same = ("source", "seed", "eval_rows", "max_length", "responses", "regen")
     assert all(getattr(main.data, k) == getattr(eagle3.data, k) for k in same)
+    # EAGLE-3 adds the backbone's own prompts to its training rows only; the held-out rows stay ShareGPT's
+    assert (main.data.backbone_prompts, eagle3.data.backbone_prompts) == (0, 1231)
     # the reference keeps the drafter it was measured with (README); the experiment trains a cheaper step
     ref = jobs["eagle3_smollm2_reference_cpu"].method
     assert (ref.draft_vocab_size, ref.ttt_steps) == (16384, 4)
+    assert jobs["eagle3_smollm2_reference_cpu"].data.backbone_prompts == 0
     assert (eagle3.method.draft_vocab_size, eagle3.method.ttt_steps) == (8192, 3)
 
 
