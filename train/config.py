@@ -61,6 +61,9 @@ class TrainConfig:
     quick_eval_tokens: int = 32
     dist_timeout_s: int = 600  # a rank that stops answering fails the others after this long
     device: str | None = None  # None: accelerate picks (cuda when present); "cpu" forces the CPU
+    # micro-batches of rows of similar length (train/sampling.py): less right-padding. Worth it where every
+    # position costs (EAGLE's layer: its configs turn it on); Medusa's and DistillSpec's configs leave it off
+    group_by_length: bool = False
     trace_rows: bool = (
         False  # write the row ids each rank consumed to run_dir/trace/ (checks sharding/resume)
     )

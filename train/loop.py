@@ -40,7 +40,7 @@ from headstart.train.config import JobConfig, TrainConfig
 from headstart.train.hidden_cache import collate_hidden, offline_datasets
 from headstart.train.metrics import GradNorm, MetricSums, Throughput, head_topk_accuracy, progress
 from headstart.train.monitor import banner, data_line, init_tracking, log_artifact, measured_tau, trace_rows
-from headstart.train.sampling import EpochShuffle
+from headstart.train.sampling import EpochShuffle, LengthGrouped
 
 log = logging.getLogger("headstart.train")
 
@@ -147,7 +147,10 @@ def train(job: JobConfig, resolved: dict) -> Path:
     make_dl = partial(
         DataLoader, batch_size=t.micro_batch_size, collate_fn=partial(collate_fn, pad_id=pad_id)
     )
-    sampler = EpochShuffle(len(train_ds), t.seed)
+    if t.group_by_length:  # a group = the rows of one micro-batch across all processes
+        sampler = LengthGrouped(train_ds.lengths, t.micro_batch_size * acc.num_processes, t.seed)
+    else:
+        sampler = EpochShuffle(len(train_ds), t.seed)
     train_dl = make_dl(loader_sets["train"], sampler=sampler, drop_last=True)
     eval_dl = make_dl(loader_sets["eval"], shuffle=False)
     if len(train_dl) < acc.num_processes:

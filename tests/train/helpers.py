@@ -11,12 +11,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def write_chat_file(path: Path, n: int = 48) -> Path:
+def write_chat_file(path: Path, n: int = 48, varied: bool = False) -> Path:
+    """n ShareGPT rows; varied: answers of 12 to 30 words instead of 12 (rows of different lengths)."""
     words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
     with open(path, "w") as f:
         for i in range(n):
             q = " ".join(words[(i + j) % 8] for j in range(5))
-            a = " ".join(words[(i * 3 + j) % 8] for j in range(12))
+            a = " ".join(words[(i * 3 + j) % 8] for j in range(12 + (i * 7) % 19 if varied else 12))
             row = {
                 "id": f"r{i}",
                 "conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": a}],

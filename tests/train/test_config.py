@@ -111,6 +111,10 @@ def test_the_main_job_reads_a_prefix_of_the_reference_runs_rows():
     assert (ref.draft_vocab_size, ref.ttt_steps) == (16384, 4)
     assert jobs["eagle3_smollm2_reference_cpu"].data.backbone_prompts == 0
     assert (eagle3.method.draft_vocab_size, eagle3.method.ttt_steps) == (8192, 3)
+    # EAGLE batches rows of similar length (its layer runs over every padded position); Medusa reads only the
+    # labelled positions, and the reference keeps the random batches it was measured with
+    assert (main.train.group_by_length, eagle3.train.group_by_length) == (False, True)
+    assert not jobs["eagle3_smollm2_reference_cpu"].train.group_by_length
 
 
 def test_a_method_through_another_entry_script_is_refused():

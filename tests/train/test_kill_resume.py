@@ -47,7 +47,8 @@ def overrides(method: str, run_dir, data, cache) -> list[str]:
 @pytest.mark.parametrize("method", list(METHODS))
 def test_kill9_mid_epoch_then_resume_is_bitwise_exact(tmp_path, method):
     script = METHODS[method][0]
-    data = write_chat_file(tmp_path / "chat.jsonl", n=80)  # 76 training rows: 19 batches of 4 per epoch
+    # 76 training rows of several lengths: 19 batches of 4 per epoch (EAGLE groups them by length)
+    data = write_chat_file(tmp_path / "chat.jsonl", n=80, varied=True)
     straight = tmp_path / "straight"
     run_train(overrides(method, straight, data, tmp_path / "cache"), script=script)
 

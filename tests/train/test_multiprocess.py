@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -20,9 +21,12 @@ def rows_by_step(trace_file):
     return out
 
 
-def test_two_processes_match_one_with_same_global_batch(tmp_path):
-    data = write_chat_file(tmp_path / "chat.jsonl", n=60)
+@pytest.mark.parametrize("grouped", ["false", "true"])
+def test_two_processes_match_one_with_same_global_batch(tmp_path, grouped):
+    """grouped: train.group_by_length's groups are global micro-batches, so the ranks split the same rows."""
+    data = write_chat_file(tmp_path / "chat.jsonl", n=60, varied=True)
     extra = {"train.max_steps": 5, "train.trace_rows": "true", "train.eval_every": 100, "train.save_every": 5}
+    extra["train.group_by_length"] = grouped
     one = tmp_path / "one"
     run_train(train_overrides(one, data, tmp_path / "cache", **{**extra, "train.micro_batch_size": 4}))
     two = tmp_path / "two"
