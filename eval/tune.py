@@ -5,7 +5,7 @@
     ./launch.sh tune --checkpoint runs/<run>          # a run folder: its drafter/
 
 Prints the measured costs, the chosen tree and vLLM's K with their predicted speedups, and writes
-<checkpoint>/decoding.json (eval/tuner.py), which later evals and exports reuse. `--out DIR` writes it there
+<checkpoint>/decoding.json (eval/tuning/tuner.py), which later evals and exports reuse. `--out DIR` writes it there
 instead (a read-only checkpoint).
 """
 
@@ -18,10 +18,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from headstart.errors import exit_on_user_error
-from headstart.eval.config import DEFAULT_PROMPTS
-from headstart.eval.prompts import load_prompts
-from headstart.eval.stage import resolve_device
-from headstart.eval.tuner import TunerConfig, load_or_tune, probe_ids
+from headstart.eval.stage.config import DEFAULT_PROMPTS
+from headstart.eval.stage.evaluate import resolve_device
+from headstart.eval.stage.prompts import load_prompts
+from headstart.eval.tuning.tuner import TunerConfig, load_or_tune, probe_ids
 from headstart.models import registry
 from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import (

@@ -78,7 +78,7 @@ def engine_spec(
     """`vllm.LLM` keyword arguments that work on a shared CPU and on a GPU.
 
     The KV cache: on a GPU `gpu_memory_utilization`, 0.8 shared by the `engines` alive at once (the serve
-    check times them side by side, eval/interleave.py). On CPU an explicit size, `kv_cache_memory_bytes`:
+    check times them side by side, eval/serving/side_by_side.py). On CPU an explicit size, `kv_cache_memory_bytes`:
     CPU_KV_BYTES (3 GiB, ~130k tokens of a 135M model's KV: a regeneration batch of 256 long rows) split
     among the engines, at least 512 MiB each (~20k tokens, plenty at batch size 1). vLLM's CPU worker sizes a
     fraction against the memory of its NUMA node minus its own RSS: the default 0.92 refuses to start beside

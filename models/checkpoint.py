@@ -22,7 +22,7 @@ from headstart.models.drafter import Drafter
 
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
 DECODING_NAME = (
-    "decoding.json"  # decoding settings chosen from measured costs (eval/tuner.py), read by exports
+    "decoding.json"  # decoding settings chosen from measured costs (eval/tuning/tuner.py), read by exports
 )
 DRAFTER_DIR = "drafter"  # a run folder's final drafter, and the drafter inside every step checkpoint
 

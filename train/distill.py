@@ -5,7 +5,7 @@ python train/distill.py backbone=tiny debug=smoke method.keep_layers=[0]   # one
 python train/distill.py method.data_mode=mixture method.lambda_=0.5       # on-policy half of the time (GKD)
 
 Then: python train/export.py --checkpoint runs/<run>   (a standard HF causal-LM folder: an `assistant_model`
-for transformers, a draft model for vLLM), and `python train/distill_tau.py --checkpoint runs/<run>` for tau
+for transformers, a draft model for vLLM), and `python eval/bench/distill_tau.py --checkpoint runs/<run>` for tau
 before vs after distillation in the built-in decoder.
 """
 

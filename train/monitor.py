@@ -24,7 +24,7 @@ def measured_tau(acc: Accelerator, t: TrainConfig, method: str, backbone, drafte
     number that serving sees, not a training-time proxy. Main process only; the others wait."""
     out: dict = {}
     if acc.is_main_process:
-        from headstart.eval.score import quick_eval
+        from headstart.eval.engine.quick import quick_eval
 
         prompts = []
         for i in range(min(t.quick_eval_prompts, len(eval_ds))):

@@ -39,7 +39,7 @@ def export(
     (the base model's; `other` when not given)."""
     drafter_dir = resolve_checkpoint(Path(checkpoint))
     # what the cards add: the license, and vLLM's figures when the serve check ran (eval/serve_check.py); the
-    # tuner's decoding settings (decoding.json, eval/tuner.py) set vLLM's K and the cards' serving snippets
+    # tuner's decoding settings (decoding.json, eval/tuning/tuner.py) set vLLM's K and the cards' serving snippets
     meta = {
         **read_meta(drafter_dir),
         "card": {"license": license, "serve_check": find_serve_check(drafter_dir)},

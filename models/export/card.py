@@ -87,7 +87,7 @@ def eval_results(report: dict | None, serve_check: dict | None, served: str) -> 
         if report.get("speedup") is not None:
             out.append(EvalResult(**common, metric_type="speedup", metric_name="speedup over plain decoding",
                                   metric_value=round(float(report["speedup"]), 4)))  # fmt: skip
-    for r in (serve_check or {}).get("layouts", []):  # named <method>-<layout> (eval/serving.py)
+    for r in (serve_check or {}).get("layouts", []):  # named <method>-<layout> (eval/serving/check.py)
         if r["layout"] != served or not r["vllm"].get("loaded"):
             continue
         common = {
@@ -105,7 +105,7 @@ def eval_results(report: dict | None, serve_check: dict | None, served: str) -> 
 
 
 def tuned(meta: dict) -> dict | None:
-    """The checkpoint's decoding.json (the tuner's choice, eval/tuner.py) as `export` put it in meta, or None."""
+    """The checkpoint's decoding.json (the tuner's choice, eval/tuning/tuner.py) as `export` put it in meta, or None."""
     return meta.get("decoding")
 
 
@@ -120,7 +120,7 @@ def tuned_lines(meta: dict) -> list[str]:
     if not rec:
         return []
     c, v = rec.get("conditions", {}), rec["vllm"]
-    if v.get("source") == "vllm":  # measured in vLLM itself (eval/vllm_k.py)
+    if v.get("source") == "vllm":  # measured in vLLM itself (eval/serving/k_sweep.py)
         tried = ", ".join(sorted(v.get("sweep", {}), key=int))
         return [
             "",

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from headstart.eval.config import EvalConfig, EvalError
-from headstart.eval.score import quick_eval
+from headstart.eval.engine.quick import quick_eval
+from headstart.eval.errors import EvalError
+from headstart.eval.stage.config import EvalConfig
 from headstart.models.backbone import BackboneConfig, BackboneError, load_backbone
 from headstart.models.checkpoint import build_drafter, read_decoding, save_drafter
 from headstart.models.medusa import MedusaConfig
@@ -67,7 +68,7 @@ def _cfg(ckpt, prompts, out, **kw) -> EvalConfig:
 
 
 def test_report_has_required_keys_and_sane_values(ckpt, prompt_file, tmp_path):
-    from headstart.eval.stage import run
+    from headstart.eval.stage.evaluate import run
 
     report = run(_cfg(ckpt, prompt_file, tmp_path / "out"))
     saved = json.loads((tmp_path / "out" / "report.json").read_text())
@@ -108,7 +109,7 @@ def test_report_has_required_keys_and_sane_values(ckpt, prompt_file, tmp_path):
 
 
 def test_sampling_reports_no_greedy_match(ckpt, prompt_file, tmp_path):
-    from headstart.eval.stage import run
+    from headstart.eval.stage.evaluate import run
 
     report = run(_cfg(ckpt, prompt_file, tmp_path / "out", temperature=0.7, limit_per_category=1, warmup=0))
     assert report["greedy_matches_vanilla"] is None and report["temperature"] == 0.7
@@ -117,7 +118,7 @@ def test_sampling_reports_no_greedy_match(ckpt, prompt_file, tmp_path):
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
 def test_eagle_checkpoints_are_scored(prompt_file, tmp_path, method):
     """Both EAGLE kinds go through the eval stage from their checkpoint (their drafter is loaded)."""
-    from headstart.eval.stage import run
+    from headstart.eval.stage.evaluate import run
     from headstart.models.eagle_config import Eagle3Config, EagleConfig
 
     backbone = load_backbone(VARIED)
@@ -134,7 +135,7 @@ def test_eagle_checkpoints_are_scored(prompt_file, tmp_path, method):
 
 
 def test_run_folder_scores_every_checkpoint_and_marks_best(prompt_file, tmp_path):
-    from headstart.eval.stage import run
+    from headstart.eval.stage.evaluate import run
 
     run_dir = tmp_path / "run"
     save_ckpt(run_dir / "checkpoints" / "step_2" / "drafter")
@@ -165,7 +166,7 @@ def test_run_folder_scores_every_checkpoint_and_marks_best(prompt_file, tmp_path
 def test_checkpoint_for_another_backbone_fails_clearly(prompt_file, tmp_path):
     from conftest import tiny_backbone
 
-    from headstart.eval.stage import run
+    from headstart.eval.stage.evaluate import run
 
     small = tiny_backbone(hidden_size=32, intermediate_size=64)
     default_tiny = BackboneConfig(name="tiny", path="tiny", dtype="float32", tiny={"seed": 0})
@@ -175,7 +176,7 @@ def test_checkpoint_for_another_backbone_fails_clearly(prompt_file, tmp_path):
 
 
 def test_prompt_longer_than_cache_fails_before_decoding(ckpt, prompt_file, tmp_path):
-    from headstart.eval.stage import run
+    from headstart.eval.stage.evaluate import run
 
     with pytest.raises(EvalError, match="max_cache_len=20"):
         run(_cfg(ckpt, prompt_file, tmp_path / "out", max_cache_len=20))
@@ -226,7 +227,7 @@ def test_cli_bad_input_is_one_clear_line(args, expect, code, tmp_path):
 
 def test_a_checkpoint_walk_reads_its_config_once(ckpt, prompt_file, tmp_path, monkeypatch):
     """eval/run.py -> stage -> decoder reads a checkpoint's config.json once (no second look at the folder)."""
-    from headstart.eval.stage import run
+    from headstart.eval.stage.evaluate import run
 
     reads = []
     read_text = Path.read_text
@@ -243,7 +244,7 @@ def test_a_checkpoint_walk_reads_its_config_once(ckpt, prompt_file, tmp_path, mo
 
 def test_report_carries_the_serve_checks_vllm_figures(ckpt, prompt_file, tmp_path):
     """When `./launch.sh serve-check` ran on the drafter, its vLLM figures appear in report.json / report.md."""
-    from headstart.eval.stage import run
+    from headstart.eval.stage.evaluate import run
 
     served = {"vllm": {"loaded": True, "tau": 1.31, "position_rates": [0.27], "tokens_per_s": 30.0}}
     check = {
@@ -263,7 +264,7 @@ def test_report_carries_the_serve_checks_vllm_figures(ckpt, prompt_file, tmp_pat
 
 
 def test_baselines_are_scored_beside_the_drafter(ckpt, prompt_file, tmp_path):
-    from headstart.eval.stage import run
+    from headstart.eval.stage.evaluate import run
 
     out = tmp_path / "out"
     report = run(_cfg(ckpt, prompt_file, out, limit_per_category=1, warmup=0, baselines=["prompt_lookup"]))
@@ -297,7 +298,7 @@ def _rep(method: str, speedup: float, cats: dict[str, float], flags=()) -> dict:
 
 
 def test_compare_counts_categories_where_the_drafter_is_at_least_as_fast():
-    from headstart.eval.compare import compare
+    from headstart.eval.report.compare import compare
 
     drafter = _rep("medusa", 1.2, {"a": 1.3, "b": 1.0, "c": 1.1})
     lookup = _rep("prompt_lookup", 1.1, {"a": 1.2, "b": 1.5, "c": 1.1})

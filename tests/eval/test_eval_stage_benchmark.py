@@ -1,4 +1,4 @@
-"""eval/benchmark.py on the tiny backbone: every row present, HF forwards counted, greedy outputs agree."""
+"""eval/bench/decode.py on the tiny backbone: every row present, HF forwards counted, greedy outputs agree."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from headstart.eval.benchmark import ForwardCounter, main
-from headstart.eval.config import EvalError
+from headstart.eval.bench.decode import ForwardCounter, main
+from headstart.eval.errors import EvalError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

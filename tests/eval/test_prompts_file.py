@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from headstart.eval.config import DEFAULT_PROMPTS, EvalError
-from headstart.eval.prompts import chat_ids, load_prompts
+from headstart.eval.errors import EvalError
+from headstart.eval.stage.config import DEFAULT_PROMPTS
+from headstart.eval.stage.prompts import chat_ids, load_prompts
 from headstart.models.tiny import tiny_tokenizer
 
 

@@ -13,9 +13,10 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from headstart.eval.config import EvalError, register_configs, to_eval_config
-from headstart.eval.report import best_index, log_wandb, markdown, write_report, write_runs_summary
-from headstart.eval.score import aggregate
+from headstart.eval.errors import EvalError
+from headstart.eval.report.write import best_index, log_wandb, markdown, write_report, write_runs_summary
+from headstart.eval.scoring.score import aggregate
+from headstart.eval.stage.config import register_configs, to_eval_config
 from headstart.tracking import LoggerConfig
 
 CONF = str(Path(__file__).resolve().parents[2] / "eval" / "conf")

@@ -1,11 +1,11 @@
-"""The serve check's comparison with prompt lookup (eval/serve_baselines.py): per-category speedups by hand,
+"""The serve check's comparison with prompt lookup (eval/serving/baselines.py): per-category speedups by hand,
 ties, and the markdown it adds to the report."""
 
 from __future__ import annotations
 
 import pytest
 
-from headstart.eval import serve_baselines as sb
+from headstart.eval.serving import baselines as sb
 
 CATS = ["math", "math", "rag", "rag"]
 

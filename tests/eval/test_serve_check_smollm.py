@@ -9,8 +9,8 @@ import importlib.util
 import pytest
 import torch
 
-from headstart.eval.prompts import chat_ids
-from headstart.eval.serving import serve_check
+from headstart.eval.serving.check import serve_check
+from headstart.eval.stage.prompts import chat_ids
 from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import build_drafter, save_drafter
 from headstart.models.medusa import MedusaConfig

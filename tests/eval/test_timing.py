@@ -1,4 +1,4 @@
-"""Speedup figures under load (eval/timing.py, eval/bounds.py): the median CI by hand, interleaved rounds on a
+"""Speedup figures under load (eval/timing/harness.py, eval/timing/bounds.py): the median CI by hand, interleaved rounds on a
 synthetic clock, and the eval stage with one side deliberately slowed: its figure stays within 15% of the
 unslowed one or is flagged, and a flagged figure never decides the best checkpoint. No speed targets: every
 assertion compares figures of the same run or is about flags."""
@@ -13,10 +13,17 @@ import pytest
 import torch
 from test_eval_stage import save_ckpt
 
-from headstart.eval.bounds import check
-from headstart.eval.config import EvalConfig
-from headstart.eval.timing import Interleaved, Sample, TimingConfig, TimingError, choose_threads, median_ci
-from headstart.eval.tuner import TunerConfig
+from headstart.eval.stage.config import EvalConfig
+from headstart.eval.timing.bounds import check
+from headstart.eval.timing.harness import (
+    Interleaved,
+    Sample,
+    TimingConfig,
+    TimingError,
+    choose_threads,
+    median_ci,
+)
+from headstart.eval.tuning.tuner import TunerConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -138,7 +145,7 @@ def _slow_spec(monkeypatch, delay_s: float, every: int = 1, only: str = ""):
     """Every `every`-th generate() of a speculative decoder (of checkpoint path containing `only`) sleeps
     `delay_s` in each of its verify forwards: load that hits one side, not a cost of the method (the step-cost
     microbenchmark runs a fresh runner and does not see it)."""
-    import headstart.eval.stage as stage
+    import headstart.eval.stage.evaluate as stage
 
     build = stage.build_decoder
 
@@ -164,7 +171,7 @@ def _slow_spec(monkeypatch, delay_s: float, every: int = 1, only: str = ""):
 
 
 def _eval(ckpt, prompt_file, out):
-    from headstart.eval.stage import run
+    from headstart.eval.stage.evaluate import run
 
     return run(_cfg(ckpt, prompt_file, out))
 
@@ -190,7 +197,7 @@ def test_slowed_side_is_within_15_percent_or_flagged(
 
 
 def test_identical_checkpoints_agree_and_a_flagged_one_never_wins(prompt_file, tmp_path, monkeypatch):
-    from headstart.eval.stage import run
+    from headstart.eval.stage.evaluate import run
 
     run_dir = tmp_path / "run"
     first = save_ckpt(run_dir / "checkpoints" / "step_6" / "drafter")

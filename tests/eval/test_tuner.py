@@ -1,4 +1,4 @@
-"""The decoding tuner (eval/tuner.py, eval/speed_model.py): the expected-length model on hand-worked tables, the
+"""The decoding tuner (eval/tuning/tuner.py, eval/tuning/speed_model.py): the expected-length model on hand-worked tables, the
 choice under injected costs, acceptance counting, decoding.json, the eval stage's use of it, and the exports'
 K."""
 
@@ -12,7 +12,7 @@ import pytest
 from headstart.eval.engine.proposers.base import Setting
 from headstart.eval.engine.proposers.medusa import MedusaTuning
 from headstart.eval.engine.tree import Tree, chain_tree, tree_from_paths
-from headstart.eval.speed_model import (
+from headstart.eval.tuning.speed_model import (
     Branch,
     Costs,
     LookupStep,
@@ -23,7 +23,7 @@ from headstart.eval.speed_model import (
     rank,
     speedup_at,
 )
-from headstart.eval.tuner import acceptance_table, count_path, lookup_steps
+from headstart.eval.tuning.tuner import acceptance_table, count_path, lookup_steps
 from headstart.models.checkpoint import DECODING_NAME, read_decoding, write_decoding
 from headstart.models.medusa import MedusaConfig, MedusaHeads
 
@@ -186,10 +186,10 @@ def prompts(tmp_path):
 
 
 def _eval(ckpt, prompts, out, **kw):
-    from headstart.eval.config import EvalConfig
-    from headstart.eval.stage import run
-    from headstart.eval.timing import TimingConfig
-    from headstart.eval.tuner import TunerConfig
+    from headstart.eval.stage.config import EvalConfig
+    from headstart.eval.stage.evaluate import run
+    from headstart.eval.timing.harness import TimingConfig
+    from headstart.eval.tuning.tuner import TunerConfig
 
     cfg = EvalConfig(checkpoint=str(ckpt), prompts=str(prompts), out_dir=str(out), max_new_tokens=8, device="cpu",
                      dtype="float32", timing=TimingConfig(budget_s=0, cost_reps=3),
@@ -216,7 +216,7 @@ def test_eval_uses_the_tuned_settings_and_user_options_win(ckpt, prompts, tmp_pa
     assert report["decoding"] == {"source": "user", "options": {"tree_nodes": 1}, "draft_weights": "native"}
     assert report["timing"]["verify_width"] == 2
     # tuner.mode=off: the hand-set defaults
-    from headstart.eval.tuner import TunerConfig
+    from headstart.eval.tuning.tuner import TunerConfig
 
     assert TunerConfig(mode="off").mode == "off"
     with pytest.raises(ValueError, match="tuner.mode"):
@@ -226,7 +226,8 @@ def test_eval_uses_the_tuned_settings_and_user_options_win(ckpt, prompts, tmp_pa
 def test_a_lookup_branch_rides_on_the_tuned_tree(ckpt, prompts, tmp_path):
     """lookup_tokens does not turn the tuner off: the tree is the tuner's, the branch is added on top, and the
     report's decoding section says so; a method without a tree refuses it in one line."""
-    from headstart.eval.config import EvalConfig, EvalError
+    from headstart.eval.errors import EvalError
+    from headstart.eval.stage.config import EvalConfig
 
     report = _eval(ckpt, prompts, tmp_path / "a", lookup_tokens=3)
     d, saved = report["decoding"], read_decoding(ckpt)
@@ -287,7 +288,7 @@ def test_eagle_tuning_measures_and_chooses(method, tmp_path):
     """The EAGLE hooks end to end on a random drafter: acceptance measured by the probe, every setting's drafter
     cost timed, a (depth, nodes, topk) the decoder takes."""
     from headstart.eval.engine.decoder import build_decoder
-    from headstart.eval.tuner import TunerConfig, tune
+    from headstart.eval.tuning.tuner import TunerConfig, tune
     from headstart.models import registry
     from headstart.models.backbone import BackboneConfig, load_backbone
     from headstart.models.checkpoint import LoadedDrafter, build_drafter, load_drafter, save_drafter

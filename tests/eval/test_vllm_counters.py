@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from headstart.eval import vllm_counters as vc
 from headstart.eval.engine.proposers import chain_options
-from headstart.eval.interleave import strip_eos
-from headstart.eval.serving import EngineRun, OursRun, verdict
+from headstart.eval.serving import counters as vc
+from headstart.eval.serving.check import EngineRun, OursRun, verdict
+from headstart.eval.serving.side_by_side import strip_eos
 
 
 def metrics(drafts, accepted, per_pos, draft_tokens=0, engines=1):
@@ -80,7 +80,7 @@ def test_verdict():
 
 
 def test_captured_aux_layers_from_the_log(tmp_path):
-    from headstart.eval.serving import captured_aux_layers
+    from headstart.eval.serving.check import captured_aux_layers
 
     log = tmp_path / "v.log"
     log.write_text(
@@ -91,7 +91,7 @@ def test_captured_aux_layers_from_the_log(tmp_path):
 
 
 def test_shortfall_z_by_hand():
-    from headstart.eval.serving import shortfall_z
+    from headstart.eval.serving.check import shortfall_z
 
     # pooled p = 0.4, se = sqrt(0.4 * 0.6 * (1/100 + 1/100)) = 0.0693
     assert shortfall_z(0.5, 100, 0.3, 100) == pytest.approx(0.2 / 0.069282, rel=1e-4)

@@ -1,5 +1,5 @@
-"""Side-by-side vLLM timing without vLLM: the interleaving (eval/interleave.py), the K sweep that measures vLLM's
-chain length in vLLM (eval/vllm_k.py) and the serve check's flow (eval/serving.py), on a fake engine whose
+"""Side-by-side vLLM timing without vLLM: the interleaving (eval/serving/side_by_side.py), the K sweep that measures vLLM's
+chain length in vLLM (eval/serving/k_sweep.py) and the serve check's flow (eval/serving/check.py), on a fake engine whose
 step cost and acceptance per K are set by the test. The real engines run in the slow serve-check test."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from contextlib import ExitStack
 
 import pytest
 
-from headstart.eval import interleave as il
+from headstart.eval.serving import side_by_side as il
 from headstart.models.checkpoint import read_decoding, write_decoding
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -128,14 +128,16 @@ def medusa_ckpt(tmp_path):
 
 @pytest.fixture
 def fake_vllm(monkeypatch):
-    import headstart.eval.serving as serving
-    import headstart.eval.vllm_k as vk
+    import headstart.eval.serving.check as serving
+    import headstart.eval.serving.k_sweep as vk
     import headstart.vllm_runner as vr
 
     FakeEngine.started = []
     monkeypatch.setattr(vr, "on_gpu", lambda: False)
     monkeypatch.setattr(il.VllmRunner, "settle_s", 0.0)  # a fake engine does not busy-poll
-    monkeypatch.setattr(vr, "VllmEngine", FakeEngine)  # eval/interleave.py's start_engines starts them
+    monkeypatch.setattr(
+        vr, "VllmEngine", FakeEngine
+    )  # eval/serving/side_by_side.py's start_engines starts them
     for module in (vk, serving):
         monkeypatch.setattr(module, "served_model", lambda backbone: "converted-folder")
     return FakeEngine
@@ -175,7 +177,7 @@ def _tuner_record(k: int = 3) -> dict:
 
 
 def test_the_k_sweep_serves_every_k_side_by_side_and_keeps_the_fastest(medusa_ckpt, fake_vllm, tmp_path):
-    from headstart.eval.vllm_k import sweep
+    from headstart.eval.serving.k_sweep import sweep
 
     write_decoding(medusa_ckpt, _tuner_record(k=3))
     report = sweep(medusa_ckpt, ["Say hi.", "Count to three."], tmp_path / "k", [1, 2, 3], max_new=30)
@@ -203,7 +205,7 @@ def test_the_k_sweep_serves_every_k_side_by_side_and_keeps_the_fastest(medusa_ck
 
 
 def test_exports_and_cards_follow_the_k_vllm_chose(medusa_ckpt, fake_vllm, tmp_path):
-    from headstart.eval.vllm_k import sweep
+    from headstart.eval.serving.k_sweep import sweep
     from headstart.models.export import export
 
     write_decoding(medusa_ckpt, _tuner_record(k=3))
@@ -216,7 +218,7 @@ def test_exports_and_cards_follow_the_k_vllm_chose(medusa_ckpt, fake_vllm, tmp_p
 
 
 def test_no_decoding_json_reports_without_writing(medusa_ckpt, fake_vllm, tmp_path):
-    from headstart.eval.vllm_k import sweep
+    from headstart.eval.serving.k_sweep import sweep
 
     report = sweep(medusa_ckpt, ["Say hi."], tmp_path / "k", [1, 2], max_new=20)
     assert report["chosen"] == 2 and not report["written"] and read_decoding(medusa_ckpt) is None
@@ -228,7 +230,7 @@ def test_no_decoding_json_reports_without_writing(medusa_ckpt, fake_vllm, tmp_pa
 
 
 def test_the_tuner_keeps_a_k_vllm_measured_for_the_same_weights_and_device():
-    from headstart.eval.tuner import measured_k
+    from headstart.eval.tuning.tuner import measured_k
 
     new = {"conditions": {"weights": "w1", "device_name": "cpu-x"}, "vllm": {"num_speculative_tokens": 3}}
     old = {"vllm": {"num_speculative_tokens": 2, "source": "vllm", "weights": "w1", "device_name": "cpu-x"}}
@@ -244,7 +246,7 @@ def test_the_tuner_keeps_a_k_vllm_measured_for_the_same_weights_and_device():
 
 
 def test_the_serve_check_starts_every_engine_first_and_interleaves(medusa_ckpt, fake_vllm, tmp_path):
-    from headstart.eval.serving import serve_check
+    from headstart.eval.serving.check import serve_check
 
     questions = ["Say hi.", "Count to three.", "Name a colour.", "Add 2 and 2."]
     report = serve_check(

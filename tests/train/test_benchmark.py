@@ -1,4 +1,4 @@
-"""train/benchmark.py's DistillSpec variants: the chunked and the naive loss are the same loss (value and
+"""eval/bench/train.py's DistillSpec variants: the chunked and the naive loss are the same loss (value and
 gradient) on the tiny model, and the CLI runs each variant in its own process and reports both."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import pytest
 import torch
 from conftest import tiny_backbone
 
-from headstart.train.benchmark import build, step_loss
-
+from headstart.eval.bench.train import build, step_loss
 from helpers import REPO, env
 
 
@@ -40,7 +39,7 @@ def test_chunked_and_naive_distill_losses_agree():
 @pytest.mark.slow  # one subprocess per variant and round (~45 s); the losses are checked in-process below
 def test_cli_runs_the_distill_variants_on_tiny(tmp_path):
     out = tmp_path / "bench.json"
-    cmd = [sys.executable, "train/benchmark.py", "--backbone", "tiny", "--steps", "1", "--seq-len", "32"]
+    cmd = [sys.executable, "eval/bench/train.py", "--backbone", "tiny", "--steps", "1", "--seq-len", "32"]
     cmd += ["--variants", "distill,distill_naive", "--out", str(out), "--repeats", "2"]
     res = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=180)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -61,8 +60,8 @@ def test_cli_runs_the_distill_variants_on_tiny(tmp_path):
 def test_fused_and_naive_eagle_losses_agree(variant, monkeypatch):
     """Ours (teacher table once, every TTT step through one fused soft-CE call) and the EAGLE repo's full fp32
     logits are the same loss: value and gradient."""
+    from headstart.eval.bench.train import naive_eagle_loss
     from headstart.models import eagle
-    from headstart.train.benchmark import naive_eagle_loss
 
     for name in ("teacher_targets", "linear_soft_cross_entropy"):  # restored after the test
         monkeypatch.setattr(eagle, name, getattr(eagle, name))

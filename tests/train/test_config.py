@@ -14,7 +14,6 @@ from headstart.data import DataError
 from headstart.models import registry
 from headstart.models.eagle_config import Eagle3Config
 from headstart.train.config import EntryError, JobConfig, register_configs, to_job
-
 from helpers import run_train, train_overrides, write_chat_file
 
 CONF = Path(__file__).resolve().parents[2] / "conf"

@@ -12,7 +12,6 @@ from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import load_drafter
 from headstart.models.export import export
 from headstart.models.export.eagle import read_layout
-
 from helpers import run_train, train_overrides, write_chat_file
 
 
@@ -55,7 +54,7 @@ def test_eagle_train_resume_reload(tmp_path, method):
     assert "resumed from" in res.stderr + res.stdout
     assert json.loads((run_dir / "drafter" / "config.json").read_text())["step"] == 6
     if method == "eagle3":  # the simulated-vs-measured comparison reads the run's checkpoints
-        from headstart.eval.sim_vs_measured import compare
+        from headstart.eval.bench.sim_vs_measured import compare
 
         prompts = tmp_path / "prompts.jsonl"
         prompts.write_text('{"question_id": 1, "category": "x", "turns": ["hello there"]}\n')

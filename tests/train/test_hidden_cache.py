@@ -27,7 +27,6 @@ from headstart.train.hidden_cache import (
     offline_datasets,
 )
 from headstart.train.steps import eagle_step
-
 from helpers import run_train, train_overrides, write_chat_file
 
 LAYERS = (1, 1, 0)  # EAGLE-3's aux layers on the 2-layer tiny backbone

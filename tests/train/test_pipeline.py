@@ -10,7 +10,6 @@ from safetensors.torch import load_file
 
 from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import load_drafter
-
 from helpers import run_train, train_overrides, write_chat_file
 
 

@@ -30,7 +30,7 @@ def chain_options(method: str, k: int, drafter) -> tuple[dict, int]:
 
 
 def tuning(method: str, backbone, **served):
-    """The proposer's hooks for the decoding tuner (eval/tuner.py: `table`, `probe`, `settings`, `chain`,
+    """The proposer's hooks for the decoding tuner (eval/tuning/tuner.py: `table`, `probe`, `settings`, `chain`,
     `draft_steps`, `max_chain`) over the drafter's serving options, or None when the tuner has no model of it
     (draft models, prompt lookup: their hand-set defaults stay)."""
     import importlib

@@ -39,7 +39,7 @@ class Draft:
 
 @dataclass(frozen=True)
 class Setting:
-    """One decoding setting the tuner (eval/tuner.py) can pick for a proposer: the decoder options that select
+    """One decoding setting the tuner (eval/tuning/tuner.py) can pick for a proposer: the decoder options that select
     it, the static tree whose expected accepted length models it (the verify width is `tree.size`), and the
     name of what the drafter's cost per step depends on (e.g. "depth3": Medusa heads evaluated)."""
 

@@ -52,7 +52,7 @@ def _install_hooks(backbone, drafter: EagleDrafter, store: dict) -> list:
 # EAGLE-2's dynamic tree as (depth, nodes, top-k): EAGLE-2's own defaults on GPUs. On a CPU each drafter level
 # costs ~1/6 of a SmolLM2-135M forward, so deep trees lose: measured on the dev prompts (1 thread, bf16), the
 # EAGLE-3 drafter went from 1.02x at (4, 8, 8) to 1.18x at (2, 6, 4), EAGLE-1 from 0.82x to 1.01x.
-# The eval stage replaces both by the tuner's measured choice (eval/tuner.py) unless tuner.mode=off.
+# The eval stage replaces both by the tuner's measured choice (eval/tuning/tuner.py) unless tuner.mode=off.
 EAGLE_TREE, CPU_EAGLE_TREE = (5, 60, 10), (2, 6, 4)
 # The tuner's probe (every candidate of depth x top-k kept, to measure acceptance by depth and rank) and the
 # longest chain it considers for vLLM
@@ -195,7 +195,7 @@ def _all_candidates(depth: int, topk: int) -> int:
 
 
 class EagleTuning:
-    """What the tuner (eval/tuner.py) needs to choose (depth, nodes, top-k) and vLLM's K for this drafter. The
+    """What the tuner (eval/tuning/tuner.py) needs to choose (depth, nodes, top-k) and vLLM's K for this drafter. The
     dynamic tree is modelled by the static tree `tree_from_accuracy` builds from the measured acceptance by
     depth and rank cut to `depth` levels and `topk` ranks (EAGLE-2's premise: the drafter's confidence ranks
     candidates as acceptance does); its cost is `depth` drafter levels at `topk` rows."""

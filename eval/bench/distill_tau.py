@@ -7,8 +7,8 @@ With `--temperature T > 0` both decode by speculative sampling (the draft's chai
 sampling, lossless in distribution), each prompt with the same seed before and after; only tau is reported
 (sampled outputs have no token-for-token reference).
 
-    python train/distill_tau.py --checkpoint runs/<run> --prompts 8 --tokens 64 [--dtype float32]
-    python train/distill_tau.py --checkpoint runs/<run> --temperature 1
+    python eval/bench/distill_tau.py --checkpoint runs/<run> --prompts 8 --tokens 64 [--dtype float32]
+    python eval/bench/distill_tau.py --checkpoint runs/<run> --temperature 1
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from headstart.eval.config import DEFAULT_PROMPTS
 from headstart.eval.engine.decoder import Decoder
-from headstart.eval.prompts import chat_ids, load_prompts
+from headstart.eval.stage.config import DEFAULT_PROMPTS
+from headstart.eval.stage.prompts import chat_ids, load_prompts
 from headstart.models.backbone import Backbone, BackboneConfig, load_backbone
 from headstart.models.checkpoint import build_drafter, load_drafter, read_meta, resolve_checkpoint
 from headstart.models.distill import DistillConfig

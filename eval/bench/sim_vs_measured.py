@@ -8,7 +8,7 @@ For every drafter checkpoint under the given run folders (EAGLE or Medusa), thre
   - `tree`: tau measured with the decoder's default draft tree (what serving sees).
 Writes sim_vs_measured.json, a markdown table and a scatter plot (sim vs measured) into --out.
 
-    python eval/sim_vs_measured.py runs/eagle-smollm2 runs/eagle3-smollm2 --out runs/sim-vs-measured
+    python eval/bench/sim_vs_measured.py runs/eagle-smollm2 runs/eagle3-smollm2 --out runs/sim-vs-measured
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from headstart.eval.config import DEFAULT_PROMPTS
-from headstart.eval.prompts import chat_ids, load_prompts
-from headstart.eval.score import quick_eval
+from headstart.eval.engine.quick import quick_eval
+from headstart.eval.stage.config import DEFAULT_PROMPTS
+from headstart.eval.stage.prompts import chat_ids, load_prompts
 from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import find_checkpoints, load_drafter, step_of
 

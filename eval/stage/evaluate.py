@@ -17,15 +17,16 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from headstart.eval.compare import compare, write_compare
-from headstart.eval.config import EvalConfig, EvalError
 from headstart.eval.engine.decoder import Decoder, build_decoder
 from headstart.eval.engine.proposers import DRAFT, PROPOSERS, VANILLA
-from headstart.eval.measure import score_prompts
-from headstart.eval.prompts import PromptSet, chat_ids, load_prompts
-from headstart.eval.report import log_wandb, write_report, write_runs_summary
-from headstart.eval.score import GenOpts, aggregate, check_fits
-from headstart.eval.tuner import decoding_report, load_or_tune, probe_ids
+from headstart.eval.errors import EvalError
+from headstart.eval.report.compare import compare, write_compare
+from headstart.eval.report.write import log_wandb, write_report, write_runs_summary
+from headstart.eval.scoring.measure import score_prompts
+from headstart.eval.scoring.score import GenOpts, aggregate, check_fits
+from headstart.eval.stage.config import EvalConfig
+from headstart.eval.stage.prompts import PromptSet, chat_ids, load_prompts
+from headstart.eval.tuning.tuner import decoding_report, load_or_tune, probe_ids
 from headstart.models import registry
 from headstart.models.backbone import Backbone, BackboneConfig, load_backbone
 from headstart.models.checkpoint import LoadedDrafter, find_checkpoints, load_drafter, step_of
@@ -180,7 +181,7 @@ class Evaluator:
                 "bad_examples": self.prompts.bad_examples,
             },
             **aggregate(records, greedy=cfg.temperature == 0, timing=timing),
-            "timing": timing,  # pairs, rounds, step costs, bound, flags, threads and load (eval/timing.py)
+            "timing": timing,  # pairs, rounds, step costs, bound, flags, threads and load (eval/timing/harness.py)
             # vLLM's figures for this drafter when `./launch.sh serve-check` ran on it (eval/serve_check.py)
             "vllm_serve_check": None if baseline else find_serve_check(ckpt),
         }

@@ -4,7 +4,7 @@ and per prompt category. vLLM's `ngram` proposer and headstart's `prompt_lookup`
 
 Per-category speedups come from per-prompt (tokens, seconds) at batch size 1: each engine's tokens/s over a
 category's prompts divided by the same engine's plain decoding on them. Every engine is alive for the whole
-check and the prompts are interleaved across them (eval/interleave.py), so a burst of load slows them alike.
+check and the prompts are interleaved across them (eval/serving/side_by_side.py), so a burst of load slows them alike.
 The check's prompts are few (default 8, `--n 22` = 2 per dev category), so treat a
 category won or lost by a few percent as a tie.
 """

@@ -17,9 +17,9 @@ repo and SpecForge) + backward. Ours takes the soft cross-entropy chunk by chunk
 loss is the EAGLE repo's: the target's full-vocabulary logits and probabilities and every step's draft logits
 in fp32, all alive until backward.
 
-    python train/benchmark.py                       # SmolLM2-135M, 4 heads, batch 4 x 512, bf16
-    python train/benchmark.py --backbone tiny --steps 2
-    python train/benchmark.py --variants distill,distill_naive --batch 2 --seq-len 256
+    python eval/bench/train.py                       # SmolLM2-135M, 4 heads, batch 4 x 512, bf16
+    python eval/bench/train.py --backbone tiny --steps 2
+    python eval/bench/train.py --variants distill,distill_naive --batch 2 --seq-len 256
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from headstart.eval.timing import (
+from headstart.eval.timing.harness import (
     Interleaved,
     Sample,
     TimingConfig,

@@ -26,7 +26,7 @@ import torch
 
 from headstart.eval.engine.runner import ModelRunner
 from headstart.eval.engine.tree import Tree, chain_tree
-from headstart.eval.timing import Interleaved
+from headstart.eval.timing.harness import Interleaved
 
 
 def verify_shape(decoder) -> tuple[int, Tree | None]:

@@ -23,7 +23,7 @@ accepted, how many of the lookup chain's tokens it would have accepted, and wher
 tree. For a candidate tree, a step accepts the longer of its own path and the chain (both are root paths of one
 trie), and the chain adds the nodes the tree does not already hold; the gain is its mean over the probe's
 steps, the step cost the mean of the costs at the widths the steps had, and the search's cost is added. Pure functions: no timing happens here
-(eval/tuner.py measures).
+(eval/tuning/tuner.py measures).
 """
 
 from __future__ import annotations

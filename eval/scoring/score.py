@@ -2,13 +2,13 @@
 
 Speedup is measured as in Spec-Bench (Xia et al. 2024, "Unlocking Efficiency in Large Language Model Inference"):
 vanilla and speculative decoding through the same `Decoder` code path on the same prompts, after a warm-up. How
-(eval/measure.py): turn by turn, back to back, in rounds; speedup = the median of the per-turn rate ratios, with
-its 95% CI (eval/timing.py), checked against the step costs (eval/bounds.py). `speedup_of_totals` keeps
+(eval/scoring/measure.py): turn by turn, back to back, in rounds; speedup = the median of the per-turn rate ratios, with
+its 95% CI (eval/timing/harness.py), checked against the step costs (eval/timing/bounds.py). `speedup_of_totals` keeps
 Spec-Bench's ratio of total rates over the first pass.
 tau (mean tokens emitted per target forward after the prefill, bonus token included; the decoder's
 `DecodeStats.tau`, so vanilla is exactly 1) = sum(accepted_per_step) / target forwards, summed over prompts.
 
-`quick_eval` is the cheap in-process version training calls every N steps: greedy, no vanilla timing.
+The cheap in-process version training calls every N steps is `eval/engine/quick.py`.
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
-from headstart.eval.config import EvalError
-from headstart.eval.prompts import Prompt, chat_ids
-from headstart.eval.timing import summarize
-from headstart.models import registry
+from headstart.eval.engine.device import sync
+from headstart.eval.engine.quick import add_lists
+from headstart.eval.engine.quick import ratio as _ratio
+from headstart.eval.errors import EvalError
+from headstart.eval.stage.prompts import Prompt, chat_ids
+from headstart.eval.timing.harness import summarize
 from headstart.models.backbone import eos_token_ids
 
 
@@ -35,11 +36,6 @@ class GenOpts:
     max_cache_len: int = 2048
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def check_fits(n_prompt: int, opts: GenOpts, where: str) -> None:
     if n_prompt + opts.max_new_tokens > opts.max_cache_len:
         raise EvalError(
@@ -50,12 +46,12 @@ def check_fits(n_prompt: int, opts: GenOpts, where: str) -> None:
 
 def decode_turn(decoder, ids: list[int], opts: GenOpts, seed: int, eos: list[int], device) -> dict:
     """One timed generate() -> {tokens, stats (DecodeStats), wall_s}."""
-    _sync(device)
+    sync(device)
     start = time.perf_counter()
     out = decoder.generate(
         ids, opts.max_new_tokens, temperature=opts.temperature, top_p=opts.top_p, seed=seed, eos_token_ids=eos
     )
-    _sync(device)
+    sync(device)
     return {"tokens": list(out.tokens), "stats": out.stats, "wall_s": time.perf_counter() - start}
 
 
@@ -76,43 +72,8 @@ def answer(decoder, backbone, prompt: Prompt, opts: GenOpts, seed: int) -> list[
     return turns
 
 
-def _add(a: list, b: list) -> list:
-    n = max(len(a), len(b))
-    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
-
-
-def summarize_turns(turns: list[dict]) -> dict:
-    """Sum a prompt's turns into plain numbers (JSON-friendly)."""
-    s = {
-        "new_tokens": 0,
-        "step_tokens": 0,
-        "target_forwards": 0,
-        "wall_s": 0.0,
-        "accepted_by_position": [],
-        "proposed_by_position": [],
-        "time_s": {},
-        "step_latency_s": [],
-    }
-    for turn in turns:
-        st = turn["stats"]
-        s["new_tokens"] += st.new_tokens
-        s["step_tokens"] += sum(st.accepted_per_step)  # new_tokens minus the prefill's token
-        s["target_forwards"] += st.target_forwards
-        s["wall_s"] += turn["wall_s"]
-        s["accepted_by_position"] = _add(s["accepted_by_position"], list(st.accepted_by_position))
-        s["proposed_by_position"] = _add(s["proposed_by_position"], list(st.proposed_by_position))
-        for k, v in st.time_s.items():
-            s["time_s"][k] = s["time_s"].get(k, 0.0) + v
-        s["step_latency_s"] += list(st.step_latency_s)
-    return s
-
-
 def _rate(tokens: float, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else 0.0
-
-
-def _ratio(a: float, b: float) -> float | None:
-    return a / b if b else None
 
 
 def _percentile_ms(values: list[float], q: float) -> float | None:
@@ -143,13 +104,13 @@ def _unit_ratios(records: list[dict], timing: dict | None) -> list[tuple[int, fl
 
 def aggregate(records: list[dict], greedy: bool, timing: dict | None = None) -> dict:
     """Records (and the timing report) of `score_prompts` -> the report's metrics. speedup = median of the
-    per-turn, per-round ratios (eval/timing.py) with its 95% CI and IQR; tau and acceptance are totals over
+    per-turn, per-round ratios (eval/timing/harness.py) with its 95% CI and IQR; tau and acceptance are totals over
     the first pass. A flagged speedup (timing["flags"]) is reported but never ranks a checkpoint."""
     fwd = sum(r["spec"]["target_forwards"] for r in records)
     accepted, proposed, times = [], [], {}
     for r in records:
-        accepted = _add(accepted, r["spec"]["accepted_by_position"])
-        proposed = _add(proposed, r["spec"]["proposed_by_position"])
+        accepted = add_lists(accepted, r["spec"]["accepted_by_position"])
+        proposed = add_lists(proposed, r["spec"]["proposed_by_position"])
         for k, t in r["spec"]["time_s"].items():
             times[k] = times.get(k, 0.0) + t
     total = times.get("total") or sum(t for k, t in times.items() if k != "total")
@@ -195,55 +156,4 @@ def aggregate(records: list[dict], greedy: bool, timing: dict | None = None) -> 
         "time_split": {k: t / total for k, t in times.items() if k != "total" and total},
         "step_latency_ms": latency("spec"),
         "vanilla_step_latency_ms": latency("vanilla"),
-    }
-
-
-@torch.no_grad()
-def quick_eval(
-    backbone, drafter, method: str, prompts: list[list[int]], max_new_tokens: int, **decoder_opts
-) -> dict:
-    """Greedy-decode token-id prompts with the drafter as it is now (training calls this every N steps).
-    `method` is the drafter's training method (a registry name); its proposer serves the drafter as it is
-    (`serving(live=True)`: a DistillSpec draft LM in its own dtype, fp32 while training, not frozen).
-
-    Returns tau, accept_by_position (share of steps accepting draft position i), acceptance_rate_by_position,
-    new_tokens, target_forwards, tokens_per_s. The drafter's train/eval mode is restored afterwards."""
-    from headstart.eval.engine.decoder import Decoder
-
-    if not prompts:
-        raise EvalError("quick_eval needs at least one prompt")
-    was_training = drafter.training if drafter is not None else False
-    if drafter is not None:
-        drafter.eval()
-    try:
-        # default cache: the longest prompt + answer, plus room for one step's verify tree
-        cache = decoder_opts.pop("max_cache_len", max(len(p) for p in prompts) + max_new_tokens + 256)
-        if drafter is None:  # a training-free method (vanilla, prompt_lookup) by its decoding name
-            served, proposer = {}, method
-        else:
-            served = {k: v for k, v in drafter.serving(backbone, live=True).items() if v is not None}
-            proposer = registry.proposer_of(method)
-        decoder = Decoder(backbone, proposer, max_cache_len=cache, **{**served, **decoder_opts})
-        eos = eos_token_ids(backbone)
-        runs = []
-        for ids in prompts:
-            _sync(backbone.device)
-            start = time.perf_counter()
-            out = decoder.generate(list(ids), max_new_tokens, temperature=0.0, eos_token_ids=eos)
-            _sync(backbone.device)
-            runs.append({"tokens": out.tokens, "stats": out.stats, "wall_s": time.perf_counter() - start})
-    finally:
-        if drafter is not None:
-            drafter.train(was_training)
-    s = summarize_turns(runs)
-    fwd = s["target_forwards"]
-    return {
-        "tau": _ratio(s["step_tokens"], fwd),
-        "accept_by_position": [a / fwd if fwd else 0.0 for a in s["accepted_by_position"]],
-        "acceptance_rate_by_position": [
-            a / p if p else 0.0 for a, p in zip(s["accepted_by_position"], s["proposed_by_position"])
-        ],
-        "new_tokens": s["new_tokens"],
-        "target_forwards": fwd,
-        "tokens_per_s": _rate(s["new_tokens"], s["wall_s"]),
     }

@@ -1,6 +1,6 @@
 """The drafter beside training-free baselines (prompt lookup) scored on the same prompts by the same stage:
 tau and measured speedup overall and per category, and in how many categories the drafter is at least as fast.
-Each speedup is the stage's own (vanilla and speculative decoding interleaved, eval/timing.py), so the figures
+Each speedup is the stage's own (vanilla and speculative decoding interleaved, eval/timing/harness.py), so the figures
 compare like with like; a flagged figure is shown and counts as no win."""
 
 from __future__ import annotations

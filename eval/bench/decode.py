@@ -1,7 +1,7 @@
 """Benchmark our decoder against Hugging Face `generate` on the same prompts and model, interleaved per prompt.
 
-    python eval/benchmark.py --checkpoint DIR --prompts FILE --n 10 --max-new-tokens 128 --dtype bfloat16
-    python eval/benchmark.py --backbone tiny --n 4          # no drafter: vanilla + prompt lookup only
+    python eval/bench/decode.py --checkpoint DIR --prompts FILE --n 10 --max-new-tokens 128 --dtype bfloat16
+    python eval/bench/decode.py --backbone tiny --n 4          # no drafter: vanilla + prompt lookup only
 
 Rows: ours vanilla, ours <the checkpoint's proposer> (with --checkpoint), ours prompt_lookup, ours draft (with --draft); HF greedy,
 HF prompt lookup (`prompt_lookup_num_tokens`), HF assisted (`assistant_model`, with --draft). All greedy.
@@ -9,7 +9,7 @@ tau = tokens per target forward after the prefill (the prefill's token and forwa
 `DecodeStats.tau`; for HF, forwards are counted by a hook on the target model), so plain decoding has tau = 1.
 Speedup is against our vanilla, `vs HF` against HF greedy: medians of per-prompt ratios, every method run on a
 prompt back to back in rotating order and the prompts repeated in rounds until the 95% CIs are within --rel-ci
-or --budget-s is spent (eval/timing.py); bench.json records threads and load before and after.
+or --budget-s is spent (eval/timing/harness.py); bench.json records threads and load before and after.
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ from pathlib import Path
 import torch
 
 from headstart.errors import exit_on_user_error
-from headstart.eval.config import DEFAULT_PROMPTS, EvalError
-from headstart.eval.prompts import chat_ids, load_prompts
-from headstart.eval.stage import resolve_device
-from headstart.eval.timing import (
+from headstart.eval.errors import EvalError
+from headstart.eval.stage.config import DEFAULT_PROMPTS
+from headstart.eval.stage.evaluate import resolve_device
+from headstart.eval.stage.prompts import chat_ids, load_prompts
+from headstart.eval.timing.harness import (
     Interleaved,
     Sample,
     TimingConfig,
@@ -187,7 +188,7 @@ def build_methods(args, backbone: Backbone, draft: Backbone | None, cache_len: i
 def measure(
     methods: dict, prompts: list[list[int]], device: torch.device, warmup: int, timing: TimingConfig
 ) -> tuple[dict[str, dict], Interleaved]:
-    """Every method on every prompt, the order rotating per prompt and round (eval/timing.py), in rounds until
+    """Every method on every prompt, the order rotating per prompt and round (eval/timing/harness.py), in rounds until
     each method's median ratio to ours vanilla is pinned down or the budget is spent. Tokens, tau and matches
     come from each method's first run of a prompt; seconds from all runs."""
 

@@ -1,4 +1,4 @@
-"""train/distill_tau.py on a tiny checkpoint: greedy reports tau before / after and the token-for-token match
+"""eval/bench/distill_tau.py on a tiny checkpoint: greedy reports tau before / after and the token-for-token match
 with vanilla; with --temperature > 0 it reports tau only."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def test_distill_tau_greedy_and_sampled(tmp_path):
     drafter = build_drafter("distillspec", cfg, target)
     bb_cfg = BackboneConfig(name="tiny", path="tiny", dtype="float32", tiny=TINY)
     save_drafter(tmp_path / "drafter", drafter, "distillspec", cfg, bb_cfg, target, extra={"step": 3})
-    cmd = [sys.executable, "train/distill_tau.py", "--checkpoint", str(tmp_path), "--prompts", "2"]
+    cmd = [sys.executable, "eval/bench/distill_tau.py", "--checkpoint", str(tmp_path), "--prompts", "2"]
     cmd += ["--tokens", "12"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     results = {}

@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import tiny_backbone
 
-from headstart.eval.score import quick_eval
+from headstart.eval.engine.quick import quick_eval
 from headstart.models.backbone import Backbone, BackboneConfig
 from headstart.models.checkpoint import build_drafter, save_drafter
 from headstart.models.distill import DistillConfig

@@ -13,18 +13,15 @@ from omegaconf import DictConfig, OmegaConf
 
 import headstart.data
 from headstart.eval.engine.proposers import DRAFT, PROPOSERS, TREE_METHODS
-from headstart.eval.timing import TimingConfig
-from headstart.eval.tuner import TunerConfig
+from headstart.eval.errors import EvalError  # noqa: F401  (re-raised by the entry scripts)
+from headstart.eval.timing.harness import TimingConfig
+from headstart.eval.tuning.tuner import TunerConfig
 from headstart.models.backbone import DTYPES
 from headstart.models.int8 import MODES as INT8_MODES
 from headstart.tracking import LoggerConfig
 
 DEFAULT_PROMPTS = str(Path(headstart.data.__file__).parent / "dev_prompts.jsonl")
 SPEC_METHODS = tuple(PROPOSERS)  # every decoding method but vanilla
-
-
-class EvalError(ValueError):
-    """Bad eval input (prompts, checkpoint, options); the message names the cause and the fix."""
 
 
 @dataclass
@@ -43,7 +40,7 @@ class EvalConfig:
     dtype: str = ""  # empty: the dtype the checkpoint's backbone was trained with
     max_cache_len: int = 2048  # KV-cache length: every turn's full conversation + its answer must fit
     # The proposer options below: all unset (0 / "") on a medusa / eagle checkpoint = the tuner's choice
-    # (`tuner`, eval/tuner.py: measured on this device, saved as <checkpoint>/decoding.json); any one set = the
+    # (`tuner`, eval/tuning/tuner.py: measured on this device, saved as <checkpoint>/decoding.json); any one set = the
     # user's options, the rest at the decoder's defaults.
     # prompt_lookup / draft: tokens proposed per step; eagle: tree depth. 0 = the decoder's default (4; eagle:
     # EAGLE-2's depth 5 on CUDA, 2 on CPU)
@@ -56,7 +53,7 @@ class EvalConfig:
     tuner: TunerConfig = field(default_factory=TunerConfig)  # tuner.mode=off: the hand-set defaults above
     # medusa / eagle / eagle3: up to this many prompt-lookup tokens merged into the drafter's tree each step, on
     # top of the tuner's (or the user's) tree (eval/engine/proposers/lookup_branch.py); 0 = off. The tuner
-    # chooses its tree for the branch (eval/speed_model.py models it)
+    # chooses its tree for the branch (eval/tuning/speed_model.py models it)
     lookup_tokens: int = 0
     draft: str = ""  # method=draft: the draft model (Hub id, folder or .gguf), same tokenizer as the target
     # a trained drafter's layers on CPU: auto = int8 weights where the drafter names them (models/int8.py: the draft
@@ -64,10 +61,10 @@ class EvalConfig:
     draft_weights: str = "auto"
     warmup: int = 1  # prompts decoded untimed (both paths) before measuring
     # training-free methods scored on the same prompts beside the drafter (e.g. [prompt_lookup]): compare.md
-    # puts them side by side, overall and per category (eval/compare.py)
+    # puts them side by side, overall and per category (eval/report/compare.py)
     baselines: list[str] = field(default_factory=list)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
-    # interleaved rounds, stopping rule, physical checks, CPU threads (eval/timing.py): timing.budget_s=0 for one pass
+    # interleaved rounds, stopping rule, physical checks, CPU threads (eval/timing/harness.py): timing.budget_s=0 for one pass
     timing: TimingConfig = field(default_factory=TimingConfig)
 
     def __post_init__(self) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 from headstart import vllm_runner
-from headstart.eval import vllm_counters as vc
+from headstart.eval.serving import counters as vc
 
 
 class Runner(Protocol):

@@ -6,7 +6,6 @@ with one clear line."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,9 +16,7 @@ from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import build_drafter, load_drafter
 from headstart.models.distill import DistillConfig
 from headstart.train.distill_data import pick_mode
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
-from helpers import run_train, train_overrides, write_chat_file  # noqa: E402
+from helpers import run_train, train_overrides, write_chat_file
 
 SCRIPT = "train/distill.py"
 

@@ -2,7 +2,7 @@
 device, measure the verify forward's cost by width, the drafter's cost per setting and the decoder's
 bookkeeping; take acceptance by depth and rank (the checkpoint's held-out Medusa head accuracies, or measured by
 decoding a few dev prompts with a wide probe tree); then pick, maximizing the predicted tokens/s
-(eval/speed_model.py), the tree for headstart's decoder and the chain length K for vLLM's
+(eval/tuning/speed_model.py), the tree for headstart's decoder and the chain length K for vLLM's
 `num_speculative_tokens`. The choice is written beside the checkpoint (`decoding.json`, models/checkpoint.py),
 where the eval stage and the exports find it.
 
@@ -20,14 +20,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from headstart.eval.bounds import step_costs
 from headstart.eval.engine.decoder import Decoder, build_decoder
+from headstart.eval.engine.device import sync
 from headstart.eval.engine.proposers import VANILLA, tuning
 from headstart.eval.engine.proposers.lookup_branch import shared_prefix
 from headstart.eval.engine.proposers.prompt_lookup import MAX_NGRAM, find_candidates
 from headstart.eval.engine.tree import Tree, chain_tree
-from headstart.eval.speed_model import Branch, Costs, LookupStep, non_decreasing, rank, speedup_at
-from headstart.eval.timing import choose_threads
+from headstart.eval.timing.bounds import step_costs
+from headstart.eval.timing.harness import choose_threads
+from headstart.eval.tuning.speed_model import Branch, Costs, LookupStep, non_decreasing, rank, speedup_at
 from headstart.models.checkpoint import LoadedDrafter, read_decoding, weights_signature, write_decoding
 from headstart.models.int8 import weights_of
 
@@ -186,21 +187,16 @@ def lookup_steps(groups: list[list[tuple]], sequences: list[list[int]]) -> list[
 # ---------------------------------------------------------------- measuring
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 @torch.no_grad()
 def time_calls(calls: dict, reps: int, device: torch.device) -> dict[str, float]:
     """Median seconds of each callable, run `reps` times in a rotating order after one untimed round."""
     names, times = list(calls), {n: [] for n in calls}
     for rep in range(reps + 1):
         for name in names[rep % len(names) :] + names[: rep % len(names)]:
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             calls[name]()
-            _sync(device)
+            sync(device)
             if rep:
                 times[name].append(time.perf_counter() - t0)
     return {n: float(np.median(t)) for n, t in times.items()}
@@ -275,7 +271,7 @@ def tune(
 ) -> dict | None:
     """Measure and choose -> the decoding record (what decoding.json holds), None when the proposer has no
     tuning hooks. With `lookup_tokens`, the tree is chosen for the decoder that carries a prompt-lookup branch
-    of that many tokens (eval/speed_model.py models it); vLLM's chain never has one. Runs under the caller's
+    of that many tokens (eval/tuning/speed_model.py models it); vLLM's chain never has one. Runs under the caller's
     thread count."""
     if lookup_tokens < 0:
         raise ValueError(f"lookup_tokens={lookup_tokens}: must be >= 0 (0 = no lookup branch)")
@@ -402,7 +398,7 @@ def load_or_tune(
 
 
 def measured_k(old: dict | None, record: dict) -> dict | None:
-    """The K vLLM itself chose (eval/vllm_k.py) in the previous decoding.json, when it was measured for the
+    """The K vLLM itself chose (eval/serving/k_sweep.py) in the previous decoding.json, when it was measured for the
     same weights on the same device, with the new tuner prediction under `tuner`; None otherwise."""
     v = (old or {}).get("vllm", {})
     now = record["conditions"]
@@ -416,7 +412,7 @@ def measured_k(old: dict | None, record: dict) -> dict | None:
 
 def probe_ids(prompts, backbone, n: int) -> list[list[int]]:
     """The first turns of `n` prompts of a PromptSet, spread over it (categories are listed together)."""
-    from headstart.eval.prompts import chat_ids
+    from headstart.eval.stage.prompts import chat_ids
 
     rows = prompts.prompts[:: max(1, len(prompts.prompts) // n)][:n]
     return [chat_ids(backbone.tokenizer, [{"role": "user", "content": p.turns[0]}]) for p in rows]
@@ -454,7 +450,9 @@ def decoding_report(settings: dict, report: dict, new_tokens: float, tol: float 
         if ratio is None or abs(ratio - 1) <= tol
         else f"measured/predicted = {ratio:.3f} (off by > {tol:.0%})",
         "vllm_num_speculative_tokens": rec["vllm"]["num_speculative_tokens"],
-        "vllm_k_source": rec["vllm"].get("source", "tuner"),  # "vllm": measured in vLLM (eval/vllm_k.py)
+        "vllm_k_source": rec["vllm"].get(
+            "source", "tuner"
+        ),  # "vllm": measured in vLLM (eval/serving/k_sweep.py)
         "acceptance_source": rec["acceptance"]["source"],
         "tuned_for_lookup": rec.get("lookup_tokens", 0),
     }

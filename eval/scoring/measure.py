@@ -1,7 +1,7 @@
 """Score speculative decoders (the drafter and training-free baselines) against vanilla decoding on a prompt set:
 every side decodes every turn back to back (the order rotating, each side continuing its own conversation), the
-turns are re-timed in rounds until every median ratio is pinned down (eval/timing.py), and each figure is checked
-against the step costs (eval/bounds.py). Vanilla runs once for all sides. The CPU thread count is chosen for the
+turns are re-timed in rounds until every median ratio is pinned down (eval/timing/harness.py), and each figure is checked
+against the step costs (eval/timing/bounds.py). Vanilla runs once for all sides. The CPU thread count is chosen for the
 run (`choose_threads`) and restored afterwards.
 """
 
@@ -12,17 +12,17 @@ from dataclasses import replace
 
 import torch
 
-from headstart.eval.bounds import check, predict, step_costs, verify_shape
-from headstart.eval.prompts import Prompt, chat_ids
-from headstart.eval.score import (
+from headstart.eval.engine.quick import summarize_turns
+from headstart.eval.scoring.score import (
     GenOpts,
     answer,
     check_fits,
     decode_turn,
-    summarize_turns,
     tau_of,
 )
-from headstart.eval.timing import (
+from headstart.eval.stage.prompts import Prompt, chat_ids
+from headstart.eval.timing.bounds import check, predict, step_costs, verify_shape
+from headstart.eval.timing.harness import (
     Interleaved,
     Sample,
     TimingConfig,
@@ -49,9 +49,9 @@ def score_prompts(
     timing: TimingConfig | None = None,
 ) -> tuple[dict[str, list[dict]], dict[str, dict]]:
     """Vanilla and every speculative decoder in `specs` ({name: decoder}: the drafter, training-free
-    baselines) turn by turn, the order rotating (eval/timing.py), each side continuing its own conversation;
+    baselines) turn by turn, the order rotating (eval/timing/harness.py), each side continuing its own conversation;
     then the turns re-timed in rounds until every median ratio is pinned down, and each figure checked
-    against the step costs (eval/bounds.py). Vanilla runs once for all of them, in the same rounds, so the
+    against the step costs (eval/timing/bounds.py). Vanilla runs once for all of them, in the same rounds, so the
     drafter and the baselines are measured side by side against one reference. -> per name: one record per
     prompt (vanilla's and that side's tokens and stats of the first pass, under "vanilla" / "spec") and its
     timing report (ratios per unit, costs, checks, conditions)."""

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from headstart.eval.config import EvalError
+from headstart.eval.errors import EvalError
 
 MAX_EXAMPLES = 5  # bad rows quoted in the report
 
@@ -108,3 +108,10 @@ def chat_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
     # A base model without a template: plain "User:/Assistant:" turns.
     text = "".join(f"{'User' if m['role'] == 'user' else 'Assistant'}: {m['content']}\n" for m in messages)
     return tokenizer(text + "Assistant:")["input_ids"]
+
+
+def spread(items: list, n: int) -> list:
+    """n items evenly spaced over the list (the dev prompts are grouped by category)."""
+    if n >= len(items):
+        return list(items)
+    return [items[i * len(items) // n] for i in range(n)]

@@ -1,0 +1,1 @@
+"""Writing results: report.{json,md}, plots, the comparison beside training-free baselines."""

@@ -1,0 +1,1 @@
+"""Timing on a shared machine: interleaved rounds, confidence intervals, thread policy, physical bounds."""

@@ -1,0 +1,1 @@
+"""Decoding settings chosen from measured cost: the tuner and its speed model."""
