@@ -29,7 +29,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 VENV=${HEADSTART_VENV:-.venv}
 # OpenMP threads sleep at barriers instead of spinning: on a shared CPU a spinning team waits for a member the kernel
-# parked behind another process, and decoding ran 3-40x slower (issue #11; eval/timing/harness.py picks the thread count).
+# parked behind another process, and decoding ran 3-40x slower (eval/timing/harness.py picks the thread count).
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 PY=$VENV/bin/python
 STAMP=$VENV/.headstart-installed

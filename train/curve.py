@@ -4,7 +4,7 @@ per value):
 
     ./launch.sh medusa -m experiment=medusa_smollm2_selfdistill_cpu data.max_rows=384,960,1920,3840 \\
         run_dir=runs/data-curve
-    python train/curve.py runs/data-curve/* --out notes/figures/data_curve.png
+    python train/curve.py runs/data-curve/* --out docs/figures/data_curve.png
 
 Per run: x = the training conversations actually used (data_stats.train.samples: rows left after skips),
 held-out accuracy = final_eval.json's eval/head{k}/top1 (Medusa heads; EAGLE: eval/step{k}/top1), tau = its

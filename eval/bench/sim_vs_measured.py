@@ -8,7 +8,7 @@ For every drafter checkpoint under the given run folders (EAGLE or Medusa), thre
   - `tree`: tau measured with the decoder's default draft tree (what serving sees).
 Writes sim_vs_measured.json, a markdown table and a scatter plot (sim vs measured) into --out.
 
-    python eval/bench/sim_vs_measured.py runs/eagle-smollm2 runs/eagle3-smollm2 --out runs/sim-vs-measured
+    python eval/bench/sim_vs_measured.py runs/<eagle run> runs/<eagle3 run> --out runs/sim-vs-measured
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Cheaper drafting (issue #13, lever 2): the time split of a truncated draft vocabulary, before and after.
+"""Cheaper drafting: the time split of a truncated draft vocabulary, before and after.
 
 Per decode step on the backbone: the target's verify forward (a chain of `--width` tokens after a cached
 context, as the decoder runs it) next to Medusa's drafting (K shared heads -> top-k over the full vocabulary or

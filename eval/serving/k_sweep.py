@@ -1,7 +1,7 @@
-"""vLLM's chain length K, measured in vLLM (issue #13, lever 3).
+"""vLLM's chain length K, measured in vLLM.
 
 The tuner (eval/tuning/tuner.py) predicts vLLM's best `num_speculative_tokens` from headstart's decoder costs; vLLM's
-own step is a different program (compiled on CPU since session 8, relatively cheaper at batch size 1), and the
+own step is a different program (compiled on CPU, relatively cheaper at batch size 1), and the
 prediction missed: main-s7's heads at K=3 were predicted 1.35x and measured 1.23x. Here vLLM serves the
 drafter's vLLM layout at every K of a sweep beside its plain decoding, all engines alive and the prompts
 interleaved (eval/serving/side_by_side.py), and the K with the most tokens/s wins. For each K the report has vLLM's tau,

@@ -1,11 +1,11 @@
 """Side-by-side timing: every engine alive at once, each prompt run on every engine in turn.
 
-Engines measured one after another see different machines: in session 8's serve checks vLLM's plain decoding
+Engines measured one after another see different machines: in earlier serve checks vLLM's plain decoding
 ran 12-17% faster after the speculative runs than before them, on the same prompts. With all engines started
 first (vLLM's each in its own process, headstart's decoders in this one) and the prompts interleaved, a slow
 minute slows every engine alike, so the ratios between them hold. An engine that waits costs the others
 nothing: measured on the 2-core CPU, vLLM plain decoding ran 37.2 tok/s alone and 37.5 with a second, idle
-engine alive (session 9). One thing an engine that just ran does cost the next: vLLM's
+engine alive. One thing an engine that just ran does cost the next: vLLM's
 worker busy-polls its shared-memory queue for 1 s after each request (`busy_loop_s` in vLLM's shm_broadcast)
 before it sleeps, so a runner declares `settle_s` and the next run waits that long. Measured, two identical
 plain engines interleaved on 11 prompts x 96 tokens: 24.1 / 25.0 tok/s back to back, 25.5 / 26.2 with a

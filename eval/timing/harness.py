@@ -12,7 +12,7 @@ more than `outlier` times that side's median is re-timed (`retries` times) and c
 
 The thread policy (`choose_threads`) is here too: on a CPU, an OpenMP team larger than the cores that are
 actually free waits at every barrier for a thread the kernel has parked behind another process; a 2-thread team
-beside one busy process ran 25x slower than one thread (issue #11). So a CPU run uses the cores found free
+beside one busy process ran 25x slower than one thread. So a CPU run uses the cores found free
 when it starts, and the report says how many.
 """
 

@@ -1,4 +1,4 @@
-"""Predicted speed of a speculative decoding setting from measured costs and acceptance (issue #13, lever 3).
+"""Predicted speed of a speculative decoding setting from measured costs and acceptance.
 
 Expected tokens per step (Medusa, Cai et al. 2024, Sec. 2.1.2, the estimate behind its "optimized tree"): with
 acc[d][r] the probability that the rank-r candidate at depth d+1 is accepted given that its parent was, a node

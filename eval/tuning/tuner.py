@@ -1,4 +1,4 @@
-"""Decoding settings chosen from measured cost (issue #13, lever 3): for a drafter checkpoint on the eval
+"""Decoding settings chosen from measured cost: for a drafter checkpoint on the eval
 device, measure the verify forward's cost by width, the drafter's cost per setting and the decoder's
 bookkeeping; take acceptance by depth and rank (the checkpoint's held-out Medusa head accuracies, or measured by
 decoding a few dev prompts with a wide probe tree); then pick, maximizing the predicted tokens/s

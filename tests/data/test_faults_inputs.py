@@ -1,4 +1,4 @@
-"""Bad inputs named in one line (issue #11): a data file that is not UTF-8, a local backbone folder that does
+"""Bad inputs named in one line: a data file that is not UTF-8, a local backbone folder that does
 not exist (HF answered with "Repo id must be in the form 'repo_name'")."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Damaged, half-written or misplaced checkpoints and outputs at eval and export (issue #11): one line naming
+"""Damaged, half-written or misplaced checkpoints and outputs at eval and export: one line naming
 the file and the fix, exit code 2, nothing written; a half-written `step_*.tmp` is never scored or exported."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""A prompt that runs past the backbone's position limit is decoded with a warning that says so (issue #11
-(8)); one that fits gets none."""
+"""A prompt that runs past the backbone's position limit is decoded with a warning that says so;
+one that fits gets none."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Model cards publish nothing local (issue #11 (9)): the base model is backbone.hub_id or a Hub id / base name,
+"""Model cards publish nothing local: the base model is backbone.hub_id or a Hub id / base name,
 the data and prompts files by base name, the training-conversation count from the data stats, no raw dicts."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Faults and bad inputs around a training run (issue #11): each gives one clear line and exit code 2, or a
+"""Faults and bad inputs around a training run: each gives one clear line and exit code 2, or a
 warning and a safe result, and leaves the run folder in a stated state."""
 
 from __future__ import annotations

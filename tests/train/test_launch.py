@@ -1,5 +1,5 @@
 """`./launch.sh medusa|eagle|distill` reports a training error like `python train/<entry>.py` does: one line,
-exit code 2 (issue #11; it ended with accelerate's CalledProcessError traceback and exit code 1), whether it
+exit code 2 (it ended with accelerate's CalledProcessError traceback and exit code 1), whether it
 runs one process directly or several through accelerate launch."""
 
 from __future__ import annotations
