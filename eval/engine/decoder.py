@@ -32,6 +32,7 @@ from headstart.eval.engine.kv_cache import CacheFullError
 from headstart.eval.engine.proposers import METHODS, PROPOSERS, TREE_METHODS, VANILLA
 from headstart.eval.engine.proposers.base import Draft, Proposer, Sampling
 from headstart.eval.engine.proposers.lookup_branch import LookupBranch
+from headstart.eval.engine.proposers.lookup_choice import LookupChoice
 from headstart.eval.engine.runner import ModelRunner
 from headstart.eval.engine.tree import Tree
 from headstart.models.backbone import eos_token_ids
@@ -73,7 +74,9 @@ class Decoder:
     `tree_nodes`, `topk`, `num_draft_tokens`, `head_accuracy`, `max_ngram`; None = the proposer's default) are
     documented on its `make`; one that the method does not take is refused, not ignored.
     `lookup_tokens` (medusa, eagle, eagle3; 0 = off) adds up to that many prompt-lookup tokens to the drafter's
-    tree each step (proposers/lookup_branch.py), verified in the same forward.
+    tree each step (proposers/lookup_branch.py), verified in the same forward; with `lookup_min_match=m` the
+    step verifies EITHER the drafter's draft or the lookup chain, the latter when its n-gram match is at least m
+    tokens (proposers/lookup_choice.py: the rule headstart's vLLM plugin serves).
     `typical=True` (medusa, temperature > 0) uses Medusa's typical acceptance, which is LOSSY. `cuda_graphs`
     (default: True on CUDA) captures each verify width in a CUDA graph; the first generate() of each width pays
     the capture.
@@ -97,6 +100,7 @@ class Decoder:
         cuda_graphs: bool | None = None,
         topk: int | None = None,
         lookup_tokens: int = 0,
+        lookup_min_match: int | None = None,
     ) -> None:
         if method not in METHODS:
             raise ValueError(f"unknown decoding method {method!r}: expected one of {list(METHODS)}")
@@ -128,7 +132,15 @@ class Decoder:
                     f"lookup_tokens applies to methods with a draft tree {list(TREE_METHODS)}, not {method!r}. "
                     "Fix: lookup_tokens=0"
                 )
-            self.proposer = LookupBranch(self.proposer, lookup_tokens, self.device)
+            if lookup_min_match is None:
+                self.proposer = LookupBranch(self.proposer, lookup_tokens, self.device)
+            else:
+                self.proposer = LookupChoice(self.proposer, lookup_min_match, lookup_tokens, self.device)
+        elif lookup_min_match is not None:
+            raise ValueError(
+                f"lookup_min_match={lookup_min_match} needs lookup_tokens >= 1 (the lookup chain's length). "
+                "Fix: set lookup_tokens, or drop lookup_min_match"
+            )
         self.eos_token_ids = eos_token_ids(backbone)
         self._sync = torch.cuda.synchronize if self.device.type == "cuda" else _no_sync
 

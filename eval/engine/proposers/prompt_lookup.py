@@ -12,9 +12,10 @@ from headstart.eval.engine.tree import chain_tree
 DRAFT_TOKENS, MAX_NGRAM = 4, 3
 
 
-def find_candidates(context: torch.Tensor, max_ngram: int, num_tokens: int) -> list[int]:
-    """context (T,) long on CPU -> up to `num_tokens` tokens that followed the earliest earlier occurrence of
-    the longest matching suffix n-gram (HF's `find_candidate_pred_tokens`), or [] when none matches."""
+def find_match(context: torch.Tensor, max_ngram: int, num_tokens: int) -> tuple[int, list[int]]:
+    """context (T,) long on CPU -> (n, tokens): up to `num_tokens` tokens that followed the earliest earlier
+    occurrence of the longest matching suffix n-gram (HF's `find_candidate_pred_tokens`), and that n;
+    (0, []) when none matches."""
     length = context.shape[0]
     for n in range(min(max_ngram, length - 1), 0, -1):
         windows = context.unfold(0, n, 1)  # (T-n+1, n)
@@ -22,8 +23,13 @@ def find_candidates(context: torch.Tensor, max_ngram: int, num_tokens: int) -> l
         for start in hits:
             begin, end = start + n, min(start + n + num_tokens, length)
             if begin < end:  # the suffix itself (begin == length) proposes nothing
-                return context[begin:end].tolist()
-    return []
+                return n, context[begin:end].tolist()
+    return 0, []
+
+
+def find_candidates(context: torch.Tensor, max_ngram: int, num_tokens: int) -> list[int]:
+    """The tokens of `find_match`, or [] when no suffix n-gram matches."""
+    return find_match(context, max_ngram, num_tokens)[1]
 
 
 class PromptLookupProposer:

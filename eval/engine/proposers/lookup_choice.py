@@ -1,0 +1,69 @@
+"""Drafter chain or prompt-lookup chain, chosen per step: the hybrid rule headstart's vLLM plugin serves
+(eval/serving/vllm_plugin.py), so the eval stage predicts what the server does.
+
+Suffix decoding beside a trained speculator (Snowflake's Arctic Inference) and SA_SPEC in TensorRT-LLM pick the
+context's own continuation when its match is long enough, else the trained drafter. Here: each step the drafter
+proposes its chain (it always runs, as in the server, so its state follows the context), and prompt lookup finds
+the longest suffix n-gram (n <= max_ngram) seen earlier in the context (proposers/prompt_lookup.py). When
+n >= min_match, up to `num_tokens` tokens that followed it are verified instead of the drafter's chain.
+
+Lossless as any chain: both candidates are deterministic functions of the context (`Draft.probs` None) and the
+target verifies whichever is chosen. `accepted()` passes the path to the drafter unchanged: it indexes positions
+of the verify forward whatever drafted them (the argument of lookup_branch.py's docstring).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from headstart.eval.engine.proposers.base import Draft, Proposer, Sampling
+from headstart.eval.engine.proposers.prompt_lookup import MAX_NGRAM, find_match
+from headstart.eval.engine.tree import chain_tree
+
+
+class LookupChoice:
+    """`inner` (a proposer of deterministic drafts, typically a chain of K) or up to `num_tokens` lookup tokens
+    when the context's suffix n-gram match is at least `min_match` long. `counts`: steps, steps that verified
+    the lookup chain."""
+
+    def __init__(
+        self,
+        inner: Proposer,
+        min_match: int,
+        num_tokens: int,
+        device: torch.device,
+        max_ngram: int = MAX_NGRAM,
+    ):
+        if not 1 <= min_match <= max_ngram:
+            raise ValueError(
+                f"lookup_min_match={min_match}: must be in 1..{max_ngram} (the longest n-gram searched). "
+                "Fix: lookup_min_match=1, 2 or 3, or leave it unset for the merged lookup branch"
+            )
+        if num_tokens < 1:
+            raise ValueError(f"lookup_tokens={num_tokens}: must be >= 1 with lookup_min_match")
+        self.inner, self.m, self.k, self.max_ngram, self.device = (
+            inner,
+            min_match,
+            num_tokens,
+            max_ngram,
+            device,
+        )
+        self.width = max(inner.width, num_tokens + 1)
+        self.counts = {"steps": 0, "lookup": 0}
+
+    def start(self, prompt: list[int], hidden: torch.Tensor) -> None:
+        self.inner.start(prompt, hidden)
+
+    def propose(self, context: list[int], sampling: Sampling) -> Draft | None:
+        draft = self.inner.propose(context, sampling)
+        self.counts["steps"] += 1
+        n, chain = find_match(torch.tensor(context), self.max_ngram, self.k)
+        if not chain or n < self.m:
+            return draft
+        if draft is not None and draft.probs is not None:
+            raise ValueError("a lookup choice needs point-mass drafts (Draft.probs None), not sampled ones")
+        self.counts["lookup"] += 1
+        return Draft(torch.tensor(chain, device=self.device), chain_tree(len(chain)))
+
+    def accepted(self, path: list[int], hidden: torch.Tensor) -> None:
+        self.inner.accepted(path, hidden)  # verify positions: valid for the drafter as they are (docstring)
