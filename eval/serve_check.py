@@ -27,11 +27,26 @@ from headstart.models.backbone import BackboneError
 from headstart.vllm_runner import VllmError
 
 
+def lookup_rule(drafter: Path) -> int:
+    """The min_match the tuner chose for this drafter (decoding.json's `lookup_rule`)."""
+    from headstart.models.checkpoint import read_decoding
+
+    rule = (read_decoding(drafter) or {}).get("lookup_rule")
+    if not rule:
+        raise EvalError(
+            f"{drafter}: decoding.json has no lookup rule. Fix: --hybrid M (e.g. 2), or tune it first"
+        )
+    return int(rule["min_match"])
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", type=Path, required=True, help="run dir or drafter folder")
     p.add_argument(
-        "--prompts", default=DEFAULT_PROMPTS, help="Spec-Bench style .jsonl (first turns are used)"
+        "--prompts",
+        nargs="+",
+        default=[DEFAULT_PROMPTS],
+        help="Spec-Bench style .jsonl files (first turns are used)",
     )
     p.add_argument(
         "--k",
@@ -46,6 +61,17 @@ def main(argv: list[str] | None = None) -> None:
         "--no-baselines",
         action="store_true",
         help="skip prompt lookup (vLLM ngram / ours) beside the drafter",
+    )
+    p.add_argument(
+        "--hybrid",
+        type=int,
+        default=None,
+        metavar="M",
+        help="also serve the drafter with headstart's vLLM plugin: the prompt-lookup chain where its match is >= M "
+        "tokens (M = 0: decoding.json's lookup rule, tuned on unscored prompts of --prompts when absent), beside headstart's decoder running the same rule",
+    )
+    p.add_argument(
+        "--suffix", action="store_true", help="vLLM's suffix decoding beside ngram (arctic-inference)"
     )
     p.add_argument("--out", type=Path, help="default: <run>/serve_check")
     p.add_argument(
@@ -63,13 +89,17 @@ def main(argv: list[str] | None = None) -> None:
         if args.k < 0 or args.n < 1 or args.per_category < 0:
             raise EvalError("--k must be >= 0 (0: the tuner's K, else 3), --n >= 1 and --per-category >= 0")
         if args.per_category:
-            chosen = load_prompts(args.prompts, args.per_category).prompts
+            chosen = [q for f in args.prompts for q in load_prompts(f, args.per_category).prompts]
         else:
-            chosen = spread(load_prompts(args.prompts).prompts, args.n)
+            chosen = spread([q for f in args.prompts for q in load_prompts(f).prompts], args.n)
         categories = None if args.no_baselines else [q.category for q in chosen]
-        report = serve_check(
-            drafter, [q.turns[0] for q in chosen], out, args.k, args.max_new_tokens, categories
-        )
+        # the rule is tuned (when decoding.json has none) on prompts of the same files that are NOT scored
+        scored = {q.question_id for q in chosen}
+        spare = [
+            q.turns[0] for f in args.prompts for q in load_prompts(f).prompts if q.question_id not in scored
+        ]
+        report = serve_check(drafter, [q.turns[0] for q in chosen], out, args.k, args.max_new_tokens, categories,
+                             args.hybrid, args.suffix, spread(spare, 6))  # fmt: skip
     except (FileNotFoundError, ValueError, BackboneError, VllmError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

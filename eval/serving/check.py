@@ -174,16 +174,88 @@ def to_markdown(report: dict) -> str:
         )
     if report.get("baselines"):
         lines += sb.to_markdown(report["baselines"])
+    if report.get("hybrid"):
+        lines += hybrid_markdown(report["hybrid"], report["prompts"])
     lines += ["", "Result: " + ("PASS" if report["passed"] else "FAIL")]
     lines += [f"- {f}" for f in report["failures"]]
     lines += [f"- note: {n}" for n in report["notes"]]
     return "\n".join(lines) + "\n"
 
 
+def hybrid_markdown(h: dict, prompts: int) -> list[str]:
+    head = [
+        "",
+        f"## Drafter + prompt lookup (headstart's vLLM plugin, min_match={h['min_match']}, K={h['k']})",
+        "",
+    ]
+    if not h["loaded"]:
+        return head + [f"vLLM did not start with the plugin: {h.get('error', '')}"]
+    v, o = h["vllm"], h["ours"]
+    fmt = lambda xs: " / ".join(f"{x:.2f}" for x in xs)  # noqa: E731
+    return head + [
+        "| engine | tau | pos-1..K acceptance | tok/s | speedup over plain |",
+        "|---|---|---|---|---|",
+        f"| vLLM + plugin | {v['tau']:.2f} | {fmt(v['position_rates'])} | {v['tokens_per_s']:.1f} | {v['speedup']:.2f}x |",
+        f"| headstart, same rule | {o['tau']:.2f} | {fmt(o['position_rates'])} | {o['tokens_per_s']:.1f} | {o['speedup']:.2f}x |",
+        "",
+        f"vLLM tau / ours {h['tau_ratio']:.3f} ({'within' if h['tau_within_tolerance'] else 'OUTSIDE'} "
+        f"{TAU_TOLERANCE:.0%}); greedy outputs equal to vLLM's plain decoding: {h['agree_with_vllm_plain']}/{prompts}"
+        + (f" (ngram's: {h['ngram_agree_with_vllm_plain']}/{prompts})" if h.get("ngram_agree_with_vllm_plain") is not None else "")
+        + ".",
+    ]  # fmt: skip
+
+
 def write_report(report: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "serve_check.json").write_text(json.dumps(report, indent=1))
     (out / "serve_check.md").write_text(to_markdown(report))
+
+
+def recorded_rule(drafter_dir, backbone, proposer, loaded, chain, k, questions, max_new) -> int | None:
+    """decoding.json's lookup rule for a chain of k, else one tuned on `questions` (never the scored prompts)
+    and written there. None: the drafter alone was best, so there is no hybrid to serve."""
+    from headstart.eval.stage.prompts import chat_ids
+    from headstart.eval.tuning.lookup_rule import tune_lookup_rule
+    from headstart.models.checkpoint import read_decoding, write_decoding
+
+    record = read_decoding(drafter_dir) or {}
+    rule = record.get("lookup_rule")
+    if not rule or rule.get("k") != k:
+        if not questions:
+            raise ValueError(
+                "no prompts to tune the lookup rule on. Fix: --hybrid M, or more prompts in --prompts"
+            )
+        ids = [chat_ids(backbone.tokenizer, [{"role": "user", "content": q}]) for q in questions]
+        rule = tune_lookup_rule(backbone, proposer, loaded, chain, k, ids, max_new).to_json()
+        if record:
+            write_decoding(drafter_dir, record | {"lookup_rule": rule})
+    return rule["min_match"]
+
+
+def hybrid_spec(spec: dict, min_match: int) -> dict:
+    """A layout's engine extras plus headstart's vLLM plugin rule (synchronous scheduling: the plugin rewrites the
+    drafts where they leave for the scheduler)."""
+    plugin = {"headstart_lookup": {"min_match": min_match}}
+    return spec | {"additional_config": plugin, "async_scheduling": False}
+
+
+def hybrid_summary(runs: dict, errors: dict, min_match: int, k: int) -> dict:
+    """The hybrid in both engines: tau, acceptance by position, speedup over each engine's plain decoding, tau
+    agreement (vLLM within TAU_TOLERANCE of ours) and greedy outputs equal to vLLM's plain ones."""
+    out = {"min_match": min_match, "k": k, "loaded": "vllm:hybrid" in runs}
+    if not out["loaded"]:
+        return out | {"error": errors.get("vllm:hybrid", "")}
+    them, ours, plain = runs["vllm:hybrid"], runs["ours:hybrid"], runs["vllm:plain"]
+    return out | {
+        "vllm": {"tau": them.tau, "position_rates": them.position_rates, "tokens_per_s": them.tokens_per_s,
+                 "speedup": them.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s else None},
+        "ours": {"tau": ours.tau, "position_rates": ours.position_rates, "tokens_per_s": ours.tokens_per_s,
+                 "speedup": ours.tokens_per_s / runs["ours:plain"].tokens_per_s if runs["ours:plain"].tokens_per_s else None},
+        "tau_ratio": them.tau / ours.tau if ours.tau else None,
+        "tau_within_tolerance": bool(ours.tau) and abs(them.tau / ours.tau - 1) <= TAU_TOLERANCE,
+        "agree_with_vllm_plain": agree(them.outputs, plain.outputs),
+        "ngram_agree_with_vllm_plain": agree(runs["vllm:ngram"].outputs, plain.outputs) if "vllm:ngram" in runs else None,
+    }  # fmt: skip
 
 
 def serve_check(
@@ -193,13 +265,20 @@ def serve_check(
     k: int = 0,
     max_new: int = 96,
     categories: list[str] | None = None,
+    hybrid: int | None = None,
+    suffix: bool = False,
+    tune_questions: list[str] | None = None,
 ) -> dict:
     """Export, serve each layout in vLLM, run ours on the first turns `questions` (chat template applied);
     the report dict, also written to OUT/serve_check.{json,md}. `k`: the chain length; 0: decoding.json's
     (the tuner's, or vLLM's own from eval/serving/k_sweep.py: the exports ship it), else 3. `categories` (one per
     question): also run prompt lookup in both engines and compare by category (eval/serving/baselines.py).
     Every engine (vLLM's plain, one per layout, `ngram`; ours: the drafter, plain, prompt lookup) is started
-    first and the prompts are interleaved across them (eval/serving/side_by_side.py)."""
+    first and the prompts are interleaved across them (eval/serving/side_by_side.py). `hybrid=m`: the first
+    required layout also served with headstart's vLLM plugin (its drafts, or the prompt-lookup chain where the
+    match is at least m tokens: eval/serving/vllm_plugin.py) beside headstart's decoder running the same rule.
+    `hybrid=0`: the rule decoding.json records, else tuned on `tune_questions` and recorded
+    (eval/tuning/lookup_rule.py). `suffix`: vLLM's suffix decoding (needs arctic-inference in vLLM's environment) beside `ngram`."""
     from headstart.eval.engine.decoder import Decoder, build_decoder
     from headstart.eval.engine.proposers import chain_options
     from headstart.eval.stage.prompts import chat_ids
@@ -227,6 +306,19 @@ def serve_check(
     specs = {"vllm:plain": {}} | {f"vllm:{lay.name}": layout_spec(meta["method"], lay, k) for lay in layouts}
     if categories is not None:
         specs["vllm:ngram"] = {"speculative_config": dict(sb.NGRAM_SPEC)}
+    if suffix:
+        specs["vllm:suffix"] = {"speculative_config": dict(sb.SUFFIX_SPEC)}
+    if hybrid == 0:
+        hybrid = recorded_rule(
+            drafter_dir, backbone, proposer, loaded, options, k, tune_questions or [], max_new
+        )
+    if hybrid is not None:
+        lay = next(lay for lay in layouts if lay.required)
+        specs["vllm:hybrid"] = hybrid_spec(layout_spec(meta["method"], lay, k), hybrid)
+        ours["ours:hybrid"] = OursRunner(
+            build_decoder(proposer, backbone, loaded, **options, lookup_tokens=k, lookup_min_match=hybrid),
+            set(eos),
+        )
     max_len = max(len(p) for p in prompts) + max_new + 16
     with ExitStack() as stack:
         engines, errors = start_engines(stack, model, specs, max_len, out / "logs", tolerate=True)
@@ -292,9 +384,16 @@ def serve_check(
             "ours:plain",
             "ours:prompt_lookup",
         ]
+        keys += [key for key in ("vllm:suffix", "vllm:hybrid", "ours:hybrid") if key in runs]
         timed_runs = {key: runs[key].per_prompt for key in keys}
         taus = {key: runs[key].tau for key in keys}
         baselines = sb.compare(timed_runs, taus, list(categories), name)
+    if "vllm:suffix" in errors:
+        notes.append(
+            f"vLLM suffix decoding did not start (arctic-inference in vLLM's environment?): {errors['vllm:suffix']}"
+        )
+    if hybrid is not None and "vllm:hybrid" in errors:
+        failures.append(f"hybrid: vLLM did not start with headstart's plugin: {errors['vllm:hybrid']}")
     for row in rows:  # token lists are for agreement only: keep the json small
         row["vllm"].pop("outputs"), row["ours"].pop("outputs")
     report = {
@@ -313,6 +412,7 @@ def serve_check(
         },
         "layouts": rows,
         "baselines": baselines,
+        "hybrid": hybrid_summary(runs, errors, hybrid, k) if hybrid is not None else None,
         "failures": failures,
         "notes": notes,
         "passed": not failures,

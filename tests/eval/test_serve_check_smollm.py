@@ -60,3 +60,19 @@ def test_serve_check_medusa_in_vllm(tmp_path, monkeypatch):
     assert row["ours"]["position_rates"][0] > 0.3  # trained on these answers: the check is not vacuous
     assert report["passed"], report["failures"]
     assert (tmp_path / "run" / "serve_check" / "serve_check.md").is_file()
+
+
+def test_the_hybrid_in_vllm_follows_headstarts_rule(tmp_path, monkeypatch):
+    """headstart's vLLM plugin serves the heads with a prompt-lookup chain where the match is >= m tokens; vLLM's
+    tau matches headstart's decoder running the same rule, and the plugin said it was on."""
+    monkeypatch.setenv("HEADSTART_VLLM_EAGER", "1")
+    drafter = briefly_trained_heads(tmp_path)
+    questions = QUESTIONS + ["Repeat this sentence twice: the cat sat on the mat, the cat sat on the mat."]
+    out = tmp_path / "run" / "serve_check"
+    report = serve_check(drafter, questions, out, k=2, max_new=32, categories=["a", "b", "c"], hybrid=1)
+    h = report["hybrid"]
+    assert h["loaded"], h.get("error")
+    assert "headstart lookup hybrid on" in (out / "logs" / "hybrid.log").read_text()
+    assert h["ours"]["tau"] > 1.0 and abs(h["tau_ratio"] - 1) < 0.1, h
+    assert "vllm:hybrid" in report["baselines"]["speedup"] and "ours:hybrid" in report["baselines"]["speedup"]
+    assert "Drafter + prompt lookup" in (out / "serve_check.md").read_text()

