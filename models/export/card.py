@@ -68,40 +68,53 @@ def prompts_name(report: dict) -> str:
 
 
 def eval_results(report: dict | None, serve_check: dict | None, served: str) -> list:
-    """model-index entries: headstart's measured tau and speedup; vLLM's for the layout the serve check named
-    `served` (`<method>-<layout>`), when it loaded there."""
+    """model-index entries, the engine that serves this layout first: vLLM's tau and speedup for the layout the
+    serve check named `served` (`<method>-<layout>`) when it loaded there, and with headstart's lookup plugin
+    when that ran; then headstart's own, labelled with the prompt-lookup branch when the eval used one (vLLM
+    runs that branch only through the plugin, so it is never a vLLM layout's headline)."""
     from huggingface_hub import EvalResult
 
-    out = []
+    vllm, ours = [], []
+    check = serve_check or {}
+    common = {
+        "task_type": "text-generation",
+        "task_name": "speculative decoding",
+        "dataset_type": "serve-check-prompts",
+        "dataset_name": f"{check.get('prompts')} prompts, greedy, vLLM ({check.get('vllm_package')})",
+    }
+    for r in check.get("layouts", []):  # named <method>-<layout> (eval/serving/check.py)
+        if r["layout"] != served or not r["vllm"].get("loaded"):
+            continue
+        base = check["vanilla"]["vllm_tokens_per_s"]
+        vllm.append(EvalResult(**common, metric_type="tau", metric_name="tau in vLLM",
+                               metric_value=round(float(r["vllm"]["tau"]), 4)))  # fmt: skip
+        vllm.append(EvalResult(**common, metric_type="speedup", metric_name="speedup in vLLM",
+                               metric_value=round(r["vllm"]["tokens_per_s"] / base, 4)))  # fmt: skip
+        hybrid = check.get("hybrid") or {}
+        if hybrid.get("loaded"):
+            plugin = f"in vLLM with headstart's lookup plugin (min_match {hybrid['min_match']})"
+            vllm.append(EvalResult(**common, metric_type="tau", metric_name=f"tau {plugin}",
+                                   metric_value=round(float(hybrid["vllm"]["tau"]), 4)))  # fmt: skip
+            vllm.append(EvalResult(**common, metric_type="speedup", metric_name=f"speedup {plugin}",
+                                   metric_value=round(float(hybrid["vllm"]["speedup"]), 4)))  # fmt: skip
     if report and report.get("tau") is not None:
         prompts = report.get("prompts")
         name = public_name(prompts.get("file")) if isinstance(prompts, dict) else "prompts"
+        where = "in headstart's decoder"
+        if branch := (report.get("decoding") or {}).get("lookup_branch"):
+            where += f" with a {branch['tokens']}-token prompt-lookup branch"
         common = {
             "task_type": "text-generation",
             "task_name": "speculative decoding",
             "dataset_type": name,
             "dataset_name": f"{name} (headstart eval stage, temperature {report.get('temperature')})",
         }
-        out.append(EvalResult(**common, metric_type="tau", metric_name="tau (tokens per target forward)",
-                              metric_value=round(float(report["tau"]), 4)))  # fmt: skip
+        ours.append(EvalResult(**common, metric_type="tau", metric_name=f"tau {where}",
+                               metric_value=round(float(report["tau"]), 4)))  # fmt: skip
         if report.get("speedup") is not None:
-            out.append(EvalResult(**common, metric_type="speedup", metric_name="speedup over plain decoding",
-                                  metric_value=round(float(report["speedup"]), 4)))  # fmt: skip
-    for r in (serve_check or {}).get("layouts", []):  # named <method>-<layout> (eval/serving/check.py)
-        if r["layout"] != served or not r["vllm"].get("loaded"):
-            continue
-        common = {
-            "task_type": "text-generation",
-            "task_name": "speculative decoding",
-            "dataset_type": "serve-check-prompts",
-            "dataset_name": f"{serve_check['prompts']} prompts, greedy, vLLM ({serve_check.get('vllm_package')})",
-        }
-        base = serve_check["vanilla"]["vllm_tokens_per_s"]
-        out.append(EvalResult(**common, metric_type="tau", metric_name="tau in vLLM",
-                              metric_value=round(float(r["vllm"]["tau"]), 4)))  # fmt: skip
-        out.append(EvalResult(**common, metric_type="speedup", metric_name="speedup in vLLM",
-                              metric_value=round(r["vllm"]["tokens_per_s"] / base, 4)))  # fmt: skip
-    return out
+            ours.append(EvalResult(**common, metric_type="speedup", metric_name=f"speedup {where}",
+                                   metric_value=round(float(report["speedup"]), 4)))  # fmt: skip
+    return vllm + ours
 
 
 def tuned(meta: dict) -> dict | None:

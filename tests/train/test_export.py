@@ -95,8 +95,10 @@ def test_export_cli_writes_cards_and_pushes_without_leaking_token(backbone, tmp_
     assert ("create", "me/heads-medusa", False) in pushed and ("create", "me/heads-vllm", False) in pushed
     assert ("upload", "me/heads-vllm", ["README.md", "config.json", "model.safetensors"]) in pushed
     card = (tmp_path / "out" / "medusa" / "README.md").read_text()
-    assert "`tiny`" in card and "| tau (tokens per target forward) | 2.25 |" in card
-    assert "| speedup over plain decoding | 1.80 |" in card and "me/heads-medusa" in card  # the pushed repo
+    assert "`tiny`" in card and "| tau in headstart's decoder | 2.25 |" in card
+    assert (
+        "| speedup in headstart's decoder | 1.80 |" in card and "me/heads-medusa" in card
+    )  # the pushed repo
 
 
 def test_export_refuses_missing_checkpoint(tmp_path, capsys):
