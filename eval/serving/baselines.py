@@ -5,13 +5,14 @@ and per prompt category. vLLM's `ngram` proposer and headstart's `prompt_lookup`
 Per-category speedups come from per-prompt (tokens, seconds) at batch size 1: each engine's tokens/s over a
 category's prompts divided by the same engine's plain decoding on them. Every engine is alive for the whole
 check and the prompts are interleaved across them (eval/serving/side_by_side.py), so a burst of load slows them alike.
-The check's prompts are few (default 8, `--n 22` = 2 per dev category), so treat a
-category won or lost by a few percent as a tie.
+The check's prompts are few (default 8, `--n 22` = 2 per dev category): a category won or lost by at most 2% is
+a tie, never a win (eval/report/wins.py, the eval stage's rule too).
 """
 
 from __future__ import annotations
 
 from headstart.eval.engine.proposers.prompt_lookup import DRAFT_TOKENS, MAX_NGRAM
+from headstart.eval.report.wins import TIE, category_wins
 
 # vLLM's ngram proposer with the search of headstart's prompt lookup (eval/engine/proposers/prompt_lookup.py)
 NGRAM_SPEC = {
@@ -20,7 +21,6 @@ NGRAM_SPEC = {
     "prompt_lookup_min": 1,
     "prompt_lookup_max": MAX_NGRAM,
 }
-TIE = 0.02  # within 2%: a tie (counts as "at least as fast")
 
 
 def rate(timed: list[tuple[int, float]], idx: list[int]) -> float:
@@ -44,12 +44,6 @@ def speedups(
     }
 
 
-def wins(drafter: dict[str, float], lookup: dict[str, float]) -> tuple[int, int]:
-    """(categories where the drafter is at least as fast as lookup, within TIE; categories)."""
-    cats = [c for c in drafter if c != "all"]
-    return sum(drafter[c] >= lookup[c] * (1 - TIE) for c in cats), len(cats)
-
-
 def compare(timed: dict, taus: dict, categories: list[str], drafter_layout: str) -> dict:
     """The report's `baselines` entry: speedups of the drafter (its first vLLM layout and ours) and of prompt
     lookup in each engine, overall and by category, and the categories the drafter wins in each engine."""
@@ -60,16 +54,18 @@ def compare(timed: dict, taus: dict, categories: list[str], drafter_layout: str)
         "ours:prompt_lookup": "ours:plain",
     }
     sp = speedups(timed, plain, categories)
+    by_category = lambda sp: {c: s for c, s in sp.items() if c != "all"}  # noqa: E731
     won = {
-        "vllm": wins(sp[f"vllm:{drafter_layout}"], sp["vllm:ngram"]),
-        "ours": wins(sp["ours:drafter"], sp["ours:prompt_lookup"]),
+        "vllm": category_wins(by_category(sp[f"vllm:{drafter_layout}"]), sp["vllm:ngram"]),
+        "ours": category_wins(by_category(sp["ours:drafter"]), sp["ours:prompt_lookup"]),
     }
     return {
         "ngram_spec": NGRAM_SPEC,
         "drafter_layout": drafter_layout,
         "speedup": sp,
         "tau": taus,
-        "categories_won": {k: list(v) for k, v in won.items()},
+        "categories_won": {k: [w.won, w.of] for k, w in won.items()},
+        "categories_tied": {k: w.tied for k, w in won.items()},
     }
 
 
@@ -96,7 +92,7 @@ def to_markdown(b: dict) -> list[str]:
     (wv, n), (wo, _) = b["categories_won"]["vllm"], b["categories_won"]["ours"]
     lines += [
         "",
-        f"Drafter at least as fast as prompt lookup (within {TIE:.0%}): {wv}/{n} categories in vLLM, "
-        f"{wo}/{n} in headstart's decoder.",
+        f"Drafter faster than prompt lookup (by more than {TIE:.0%}; closer is a tie): {wv}/{n} categories in "
+        f"vLLM, {wo}/{n} in headstart's decoder.",
     ]
     return lines
