@@ -100,7 +100,7 @@ def test_builtin_draft_decoder_with_the_distilled_draft_equals_vanilla(tmp_path)
     drafter = trained_checkpoint(target, tmp_path)
     draft = Backbone(drafter.draft, target.tokenizer, name="distilled")
     spec = Decoder(target, DraftOptions(draft, num_draft_tokens=3), max_cache_len=256)
-    vanilla = Decoder(target, method="vanilla", max_cache_len=256)
+    vanilla = Decoder(target, "vanilla", max_cache_len=256)
     accepted = 0
     for text in ["alpha beta", "gamma delta epsilon zeta", "theta"]:
         ids = prompt_ids(target.tokenizer, text)
