@@ -6,7 +6,7 @@
                                       the backbone layers (and dtype) an offline feature cache must hold; None:
                                       the drafter reads no cached features
     checkpoint_meta() -> dict         saved beside the weights (DistillSpec: the draft's HF config)
-    serving(backbone, meta, live)     the Decoder keyword arguments that serve this drafter
+    serving(backbone, meta, live)     the proposer options (by name) that serve this drafter
     int8_modules() -> [nn.Module]     the parts served with int8 weights on CPU (models/int8.py); [] = none
 """
 
@@ -41,7 +41,7 @@ class DrafterBase(nn.Module):
         return {}
 
     def serving(self, backbone, meta: dict | None = None, live: bool = False) -> dict[str, Any]:
-        """Decoder kwargs. `live`: the drafter is being trained (quick eval): serve it as it is, in its own
+        """The serving proposer's options by name (its typed config's fields, eval/engine/proposers/). `live`: the drafter is being trained (quick eval): serve it as it is, in its own
         dtype, without freezing it. `meta`: the checkpoint's config.json when loaded from one."""
         return {"drafter": self}
 

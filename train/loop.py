@@ -12,6 +12,8 @@ import logging
 import math
 import os
 import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -19,13 +21,13 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator, InitProcessGroupKwargs
 from accelerate.utils import DistributedType, ProjectConfiguration, set_seed
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from headstart.data import build_datasets, collate
 from headstart.logs import FILE_ONLY
 from headstart.models import registry
-from headstart.models.backbone import load_backbone
+from headstart.models.backbone import Backbone, load_backbone
 from headstart.models.checkpoint import CONFIG_NAME, DRAFTER_DIR, CheckpointError, build_drafter, save_drafter
 from headstart.tracking import LoggerConfig
 from headstart.train.checkpoints import (
@@ -85,12 +87,50 @@ def check_strategy(acc: Accelerator, t: TrainConfig) -> None:
             )
 
 
+@dataclass
+class Run:
+    """What one training run holds once built: the prepared drafter, optimizer, scheduler and loaders, the frozen
+    backbone, and what the checkpoints record (the resolved config, the data statistics)."""
+
+    job: JobConfig
+    resolved: dict
+    acc: Accelerator
+    method: registry.Method
+    step_fn: Callable
+    backbone: Backbone
+    drafter: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    sampler: EpochShuffle | LengthGrouped
+    train_dl: DataLoader
+    eval_dl: DataLoader
+    eval_ds: Dataset  # held-out rows as tokenized (the quick eval decodes their prompts)
+    data_stats: dict
+    log_model: str = "none"  # W&B model logging: none | checkpoint | end
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.job.run_dir)
+
+
 def train(job: JobConfig, resolved: dict) -> Path:
     """Train job.method on job.backbone; returns the folder of the final drafter."""
-    t, run_dir = job.train, Path(job.run_dir)
-    acc = make_accelerator(t, job.logger, job.run_dir)
-    set_seed(t.seed)
+    acc = make_accelerator(job.train, job.logger, job.run_dir)
+    set_seed(job.train.seed)
     banner(job, acc)
+    resume_dir = prepare_run_dir(job, resolved, acc)
+    run = build(job, resolved, acc)
+    step = resume(run, resume_dir)
+    init_tracking(acc, job.logger, job.run_dir, resolved, resuming=resume_dir is not None)
+    run.log_model = job.logger.model_logging() if job.logger.kind == "wandb" else "none"
+    step, last_eval = train_steps(run, step)
+    return finish(run, step, last_eval)
+
+
+def prepare_run_dir(job: JobConfig, resolved: dict, acc: Accelerator) -> Path | None:
+    """The checkpoint to resume from (None: a fresh start), refused when trained with other settings; the run
+    folder made and its config.json written (main process)."""
+    t, run_dir = job.train, Path(job.run_dir)
     resume_dir = find_resume_dir(run_dir, t.resume)  # the newest complete checkpoint (damaged ones skipped)
     check_resumable(resume_dir, run_dir, resolved)  # trained with these settings, or refused
     if acc.is_main_process:
@@ -99,6 +139,13 @@ def train(job: JobConfig, resolved: dict) -> Path:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(json.dumps(resolved, indent=2, default=str))
     acc.wait_for_everyone()
+    return resume_dir
+
+
+def build(job: JobConfig, resolved: dict, acc: Accelerator) -> Run:
+    """Backbone, data, drafter (its data-driven init, EAGLE's feature cache), optimizer, schedule and loaders,
+    prepared by accelerate. The order is the seeded order every resume and every rank repeats."""
+    t = job.train
     with acc.main_process_first():  # the GGUF conversion and tokenization happen once, on the main process
         backbone = load_backbone(job.backbone, device=acc.device)
         train_ds, eval_ds, data_stats = build_datasets(
@@ -118,34 +165,12 @@ def train(job: JobConfig, resolved: dict) -> Path:
     if init_stats:
         data_stats = {**data_stats, **init_stats}
         log.info("drafter data init: %s", json.dumps(init_stats, default=str))
-    loader_sets = {"train": train_ds, "eval": eval_ds}  # what the data loaders read
-    collate_fn = collate
-    feature_cache = drafter.feature_cache()
-    if feature_cache is not None:  # EAGLE: backbone features cached once before training
-        layers, cache_dtype = feature_cache
-        with acc.main_process_first():  # built once, on the main process; the others then reuse it
-            loader_sets, data_stats["hidden_cache"] = offline_datasets(
-                backbone,
-                layers,
-                loader_sets,
-                Path(job.cache_dir) / "hidden",
-                cache_dtype,
-                show_progress=acc.is_local_main_process,
-            )
-        collate_fn = collate_hidden
-    trainable = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        trainable, lr=job.optim.lr, betas=tuple(job.optim.betas), weight_decay=job.optim.weight_decay
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        partial(
-            lr_lambda, warmup=job.optim.warmup_steps, total=t.max_steps, min_ratio=job.optim.min_lr_ratio
-        ),
-    )
-    pad_id = backbone.tokenizer.pad_token_id
+    loader_sets, collate_fn = feature_sets(job, acc, backbone, drafter, train_ds, eval_ds, data_stats)
+    optimizer, scheduler = make_optimizer(job, drafter)
     make_dl = partial(
-        DataLoader, batch_size=t.micro_batch_size, collate_fn=partial(collate_fn, pad_id=pad_id)
+        DataLoader,
+        batch_size=t.micro_batch_size,
+        collate_fn=partial(collate_fn, pad_id=backbone.tokenizer.pad_token_id),
     )
     if t.group_by_length:  # a group = the rows of one micro-batch across all processes
         sampler = LengthGrouped(train_ds.lengths, t.micro_batch_size * acc.num_processes, t.seed)
@@ -161,91 +186,158 @@ def train(job: JobConfig, resolved: dict) -> Path:
     drafter, optimizer, train_dl, eval_dl, scheduler = acc.prepare(
         drafter, optimizer, train_dl, eval_dl, scheduler
     )
+    return Run(job, resolved, acc, method, step_fn, backbone, drafter, optimizer, scheduler, sampler,
+               train_dl, eval_dl, eval_ds, data_stats)  # fmt: skip
 
-    step = 0
-    if resume_dir is not None:
-        try:
-            acc.load_state(str(resume_dir))
-        except Exception as e:  # noqa: BLE001 - sizes matched but the content is damaged: say which
-            raise CheckpointError(
-                f"checkpoint {resume_dir} could not be loaded ({type(e).__name__}: {str(e)[:200]}). Fix: move "
-                "it out of checkpoints/ to resume from the previous one, or train.resume=never"
-            ) from e
-        step = read_step(resume_dir)
-        log.info("resumed from %s at step %d", resume_dir, step)
-    init_tracking(acc, job.logger, job.run_dir, resolved, resuming=resume_dir is not None)
-    log_model = job.logger.model_logging() if job.logger.kind == "wandb" else "none"
 
+def feature_sets(job: JobConfig, acc: Accelerator, backbone, drafter, train_ds, eval_ds, data_stats: dict):
+    """What the data loaders read and how they collate it: the tokenized rows, or for EAGLE the backbone's
+    features cached once before training (recorded in `data_stats["hidden_cache"]`)."""
+    loader_sets = {"train": train_ds, "eval": eval_ds}
+    feature_cache = drafter.feature_cache()
+    if feature_cache is None:
+        return loader_sets, collate
+    layers, cache_dtype = feature_cache
+    with acc.main_process_first():  # built once, on the main process; the others then reuse it
+        loader_sets, data_stats["hidden_cache"] = offline_datasets(
+            backbone,
+            layers,
+            loader_sets,
+            Path(job.cache_dir) / "hidden",
+            cache_dtype,
+            show_progress=acc.is_local_main_process,
+        )
+    return loader_sets, collate_hidden
+
+
+def make_optimizer(
+    job: JobConfig, drafter
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over the drafter's trainable parameters; linear warmup then cosine decay over optimizer steps."""
+    trainable = [p for p in drafter.parameters() if p.requires_grad]
+    o = job.optim
+    optimizer = torch.optim.AdamW(trainable, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+    schedule = partial(lr_lambda, warmup=o.warmup_steps, total=job.train.max_steps, min_ratio=o.min_lr_ratio)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+
+def resume(run: Run, resume_dir: Path | None) -> int:
+    """The step to start from: 0, or the checkpoint's after loading its full state (drafter, optimizer,
+    schedule, RNGs, loader position)."""
+    if resume_dir is None:
+        return 0
+    try:
+        run.acc.load_state(str(resume_dir))
+    except Exception as e:  # noqa: BLE001 - sizes matched but the content is damaged: say which
+        raise CheckpointError(
+            f"checkpoint {resume_dir} could not be loaded ({type(e).__name__}: {str(e)[:200]}). Fix: move "
+            "it out of checkpoints/ to resume from the previous one, or train.resume=never"
+        ) from e
+    step = read_step(resume_dir)
+    log.info("resumed from %s at step %d", resume_dir, step)
+    return step
+
+
+def train_steps(run: Run, step: int) -> tuple[int, dict]:
+    """prepare -> accumulate -> backward -> clip -> step, until max_steps; after each optimizer step
+    `after_step` logs, evaluates and saves. -> (the last step, the last evaluation)."""
+    acc, t, drafter, train_dl = run.acc, run.job.train, run.drafter, run.train_dl
     consumed = step * t.grad_accum  # micro-batches this process has already seen
     epoch, skip = divmod(consumed, len(train_dl))
     bar = tqdm(total=t.max_steps, initial=step, disable=not acc.is_local_main_process, desc="train")
-    sums, grad_norm, speed = MetricSums(), GradNorm(), Throughput()
+    meters = Meters()
     last_eval: dict = {}
     drafter.train()
     while step < t.max_steps:
         train_dl.set_epoch(epoch)  # accelerate re-applies its own epoch counter to the sampler on __iter__
-        sampler.set_epoch(epoch)
+        run.sampler.set_epoch(epoch)
         batches = acc.skip_first_batches(train_dl, skip) if skip else train_dl
         skip = 0
         for batch in batches:
             if t.trace_rows:
-                trace_rows(run_dir, acc.process_index, step, batch["row_ids"])
+                trace_rows(run.run_dir, acc.process_index, step, batch["row_ids"])
             batch["step"], batch["seed"] = step, t.seed  # methods that sample seed from these (resume-exact)
             with acc.accumulate(drafter):
-                loss, metrics = forward_loss(acc, step_fn, backbone, drafter, batch)
+                loss, metrics = forward_loss(acc, run.step_fn, run.backbone, drafter, batch)
                 acc.backward(loss)
                 if acc.sync_gradients:  # clip (0: off, the norm is still measured)
-                    grad_norm.add(acc, drafter, job.optim.grad_clip or math.inf)
-                optimizer.step()
+                    meters.grad_norm.add(acc, drafter, run.job.optim.grad_clip or math.inf)
+                run.optimizer.step()
                 if acc.sync_gradients:
-                    scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-            sums.add(metrics)
-            speed.add(batch)
+                    run.scheduler.step()
+                run.optimizer.zero_grad(set_to_none=True)
+            meters.sums.add(metrics)
+            meters.speed.add(batch)
             if not acc.sync_gradients:
                 continue
             step += 1
             bar.update(1)
-            if step % t.log_every == 0 or step == t.max_steps:
-                logs = sums.summarize(acc, prefix="train/") | {"train/lr": scheduler.get_last_lr()[0]}
-                logs |= grad_norm.summarize() | speed.summarize(acc)
-                logs |= progress(step, t, acc.num_processes, len(train_dl))
-                sums = MetricSums()
-                acc.log(logs, step=step)
-                bar.set_postfix(
-                    loss=f"{logs['train/loss']:.3f}", acc0=f"{logs.get('train/head0/top1', 0):.2f}"
-                )
-            if step % t.eval_every == 0 or step == t.max_steps:
-                last_eval = evaluate(acc, step_fn, backbone, drafter, eval_dl, t.eval_batches)
-                acc.log(last_eval, step=step)
-                brief = {k: round(v, 4) for k, v in last_eval.items() if "/rank" not in k}
-                log.info("step %d eval %s", step, json.dumps(brief))
-            quick_every = t.eval_every if t.quick_eval_every is None else t.quick_eval_every
-            if quick_every and (step % quick_every == 0 or step == t.max_steps):
-                measured = measured_tau(acc, t, method.name, backbone, drafter, eval_ds)
-                acc.log(measured, step=step)
-                last_eval |= measured
-            if step % t.save_every == 0 or step == t.max_steps:
-                extra = {
-                    "step": step,
-                    "job": resolved,
-                    "data_stats": data_stats,
-                    "eval": last_eval,
-                    "head_topk_accuracy": head_topk_accuracy(last_eval),
-                }
-                ckpt = save_checkpoint(
-                    acc, run_dir, step, partial(save_drafter_state, acc, job, backbone, drafter, extra=extra)
-                )
-                if acc.is_main_process:
-                    prune_checkpoints(run_dir, t.keep_checkpoints)
-                log.info("checkpoint %s", ckpt, extra=FILE_ONLY)
-                if log_model == "checkpoint":
-                    log_artifact(acc, ckpt / DRAFTER_DIR, step, ["latest"], last_eval)
+            last_eval = after_step(run, step, meters, bar, last_eval)
             if step >= t.max_steps:
                 break
         epoch += 1
     bar.close()
+    return step, last_eval
 
+
+@dataclass
+class Meters:
+    """Training metrics summed between two log lines, the gradient norm and the throughput."""
+
+    sums: MetricSums = field(default_factory=MetricSums)
+    grad_norm: GradNorm = field(default_factory=GradNorm)
+    speed: Throughput = field(default_factory=Throughput)
+
+
+def after_step(run: Run, step: int, meters: Meters, bar, last_eval: dict) -> dict:
+    """Log, evaluate (loss metrics, then the quick eval's measured tau) and save, each on its own cadence and
+    at the last step. -> the latest evaluation."""
+    acc, t = run.acc, run.job.train
+    if step % t.log_every == 0 or step == t.max_steps:
+        logs = meters.sums.summarize(acc, prefix="train/") | {"train/lr": run.scheduler.get_last_lr()[0]}
+        logs |= meters.grad_norm.summarize() | meters.speed.summarize(acc)
+        logs |= progress(step, t, acc.num_processes, len(run.train_dl))
+        meters.sums = MetricSums()
+        acc.log(logs, step=step)
+        bar.set_postfix(loss=f"{logs['train/loss']:.3f}", acc0=f"{logs.get('train/head0/top1', 0):.2f}")
+    if step % t.eval_every == 0 or step == t.max_steps:
+        last_eval = evaluate(acc, run.step_fn, run.backbone, run.drafter, run.eval_dl, t.eval_batches)
+        acc.log(last_eval, step=step)
+        brief = {k: round(v, 4) for k, v in last_eval.items() if "/rank" not in k}
+        log.info("step %d eval %s", step, json.dumps(brief))
+    quick_every = t.eval_every if t.quick_eval_every is None else t.quick_eval_every
+    if quick_every and (step % quick_every == 0 or step == t.max_steps):
+        measured = measured_tau(acc, t, run.method.name, run.backbone, run.drafter, run.eval_ds)
+        acc.log(measured, step=step)
+        last_eval |= measured
+    if step % t.save_every == 0 or step == t.max_steps:
+        save(run, step, last_eval)
+    return last_eval
+
+
+def save(run: Run, step: int, last_eval: dict) -> None:
+    """A checkpoint of the full training state plus the drafter (safetensors + config); old ones pruned."""
+    acc = run.acc
+    extra = {
+        "step": step,
+        "job": run.resolved,
+        "data_stats": run.data_stats,
+        "eval": last_eval,
+        "head_topk_accuracy": head_topk_accuracy(last_eval),
+    }
+    state = partial(save_drafter_state, acc, run.job, run.backbone, run.drafter, extra=extra)
+    ckpt = save_checkpoint(acc, run.run_dir, step, state)
+    if acc.is_main_process:
+        prune_checkpoints(run.run_dir, run.job.train.keep_checkpoints)
+    log.info("checkpoint %s", ckpt, extra=FILE_ONLY)
+    if run.log_model == "checkpoint":
+        log_artifact(acc, ckpt / DRAFTER_DIR, step, ["latest"], last_eval)
+
+
+def finish(run: Run, step: int, last_eval: dict) -> Path:
+    """The last checkpoint's drafter copied to <run_dir>/drafter (not recomputed), final_eval.json written,
+    the final artifact logged. -> the drafter folder."""
+    acc, run_dir = run.acc, run.run_dir
     final = run_dir / DRAFTER_DIR
     final_eval = last_eval  # the last step always evaluates (step == max_steps)
     if acc.is_main_process:
@@ -260,7 +352,7 @@ def train(job: JobConfig, resolved: dict) -> Path:
             tmp.rename(final)
         (run_dir / "final_eval.json").write_text(json.dumps(final_eval, indent=2))
     acc.wait_for_everyone()
-    if log_model != "none":
+    if run.log_model != "none":
         log_artifact(acc, final, step, ["final", "latest"], final_eval)
     acc.end_training()
     return final

@@ -154,6 +154,8 @@ def ours_runner(decoder, max_new_tokens: int, eos: list[int]):
 
 def build_methods(args, backbone: Backbone, draft: Backbone | None, cache_len: int) -> dict:
     from headstart.eval.engine.decoder import Decoder, build_decoder
+    from headstart.eval.engine.proposers.draft_model import DraftOptions
+    from headstart.eval.engine.proposers.prompt_lookup import PromptLookupOptions
     from headstart.models import registry
     from headstart.models.checkpoint import LoadedDrafter, load_drafter, read_decoding
     from headstart.models.int8 import for_decoding
@@ -171,10 +173,10 @@ def build_methods(args, backbone: Backbone, draft: Backbone | None, cache_len: i
             spec = build_decoder(proposer, backbone, loaded, max_cache_len=cache_len, **opts)
             name = f"ours {proposer}" + (f" ({weights})" if len(args.draft_weights) > 1 else "")
             methods[name] = ours_runner(spec, n, eos)
-    lookup = Decoder(backbone, "prompt_lookup", num_draft_tokens=k, max_cache_len=cache_len)
+    lookup = Decoder(backbone, PromptLookupOptions(num_draft_tokens=k), max_cache_len=cache_len)
     methods["ours prompt_lookup"] = ours_runner(lookup, n, eos)
     if draft is not None:
-        dec = Decoder(backbone, "draft", draft_backbone=draft, num_draft_tokens=k, max_cache_len=cache_len)
+        dec = Decoder(backbone, DraftOptions(draft, num_draft_tokens=k), max_cache_len=cache_len)
         methods["ours draft"] = ours_runner(dec, n, eos)
     if args.no_hf:
         return methods

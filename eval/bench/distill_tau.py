@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from headstart.eval.engine.decoder import Decoder
+from headstart.eval.engine.proposers.draft_model import DraftOptions
 from headstart.eval.stage.config import DEFAULT_PROMPTS
 from headstart.eval.stage.prompts import chat_ids, load_prompts
 from headstart.models.backbone import Backbone, BackboneConfig, load_backbone
@@ -40,7 +41,7 @@ def measure(
 ) -> dict:
     """tau over the prompts; `ref` (greedy only): vanilla's outputs, compared token for token."""
     draft = Backbone(draft_lm.to(target.dtype), target.tokenizer, name="draft")
-    dec = Decoder(target, "draft", draft_backbone=draft, num_draft_tokens=k, max_cache_len=1024)
+    dec = Decoder(target, DraftOptions(draft, num_draft_tokens=k), max_cache_len=1024)
     emitted = forwards = matches = 0
     t0 = time.perf_counter()
     for i, ids in enumerate(prompts):

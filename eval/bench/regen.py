@@ -59,45 +59,48 @@ def main(argv: list[str] | None = None) -> None:
     with open_source(cfg) as src:
         rows, _ = read_rows(src, cfg.format, cfg)
     _, rows = select_rows(rows, cfg)
-    regen = RegenConfig(
-        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, vllm_chunk=args.vllm_chunk
-    )
     results, texts = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for engine in engines:
-            # vllm-eager / vllm: HEADSTART_VLLM_EAGER=1 / 0 for that engine's run only (engine_spec reads it)
-            with patch.dict(os.environ, {"HEADSTART_VLLM_EAGER": "1" if engine == "vllm-eager" else "0"}):
-                t0 = time.perf_counter()
-                done, _ = regenerate(
-                    rows,
-                    backbone,
-                    replace(regen, engine=ENGINES[engine]),
-                    args.max_length,
-                    Path(tmp) / f"{engine}.jsonl",
-                    Skips(),
-                    show_progress=False,
-                )
-                wall = time.perf_counter() - t0
-                if engine != "hf":  # one more engine started alone: its start-up, to subtract
-                    spec = engine_spec(
-                        served_model(backbone), "bfloat16", args.max_length + args.max_new_tokens
-                    )
-                    with VllmEngine(spec, env=batch_env()) as e:
-                        startup = e.startup_s
-            tokens = reply_tokens(backbone.tokenizer, done)
-            results[engine] = {
-                "rows": len(done),
-                "tokens": tokens,
-                "wall_s": wall,
-                "tokens_per_s": tokens / wall,
-            }
-            if engine != "hf":
-                results[engine] |= {
-                    "startup_s": startup,
-                    "tokens_per_s_after_startup": tokens / (wall - startup),
-                }
-            texts[engine] = {r.row_id: r.messages[-1]["content"] for r in done}
+            results[engine], texts[engine] = run_engine(engine, rows, backbone, args, Path(tmp))
     print(f"{len(rows)} prompts, up to {args.max_new_tokens} new tokens, greedy, bf16, SmolLM2-135M")
+    print_table(results, args)
+    same = compare_engines(engines, results, texts)
+    if args.out:
+        args.out.write_text(json.dumps({"results": results, "identical_replies": same}, indent=1))
+
+
+def run_engine(engine: str, rows, backbone, args, tmp: Path) -> tuple[dict, dict]:
+    """Regenerate `rows` with one engine, timed; vLLM's start-up measured apart (one more engine started
+    alone). -> its figures, {row id: reply}."""
+    regen = RegenConfig(
+        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, vllm_chunk=args.vllm_chunk
+    )
+    # vllm-eager / vllm: HEADSTART_VLLM_EAGER=1 / 0 for that engine's run only (engine_spec reads it)
+    with patch.dict(os.environ, {"HEADSTART_VLLM_EAGER": "1" if engine == "vllm-eager" else "0"}):
+        t0 = time.perf_counter()
+        done, _ = regenerate(
+            rows,
+            backbone,
+            replace(regen, engine=ENGINES[engine]),
+            args.max_length,
+            tmp / f"{engine}.jsonl",
+            Skips(),
+            show_progress=False,
+        )
+        wall = time.perf_counter() - t0
+        if engine != "hf":  # one more engine started alone: its start-up, to subtract
+            spec = engine_spec(served_model(backbone), "bfloat16", args.max_length + args.max_new_tokens)
+            with VllmEngine(spec, env=batch_env()) as e:
+                startup = e.startup_s
+    tokens = reply_tokens(backbone.tokenizer, done)
+    result = {"rows": len(done), "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall}
+    if engine != "hf":
+        result |= {"startup_s": startup, "tokens_per_s_after_startup": tokens / (wall - startup)}
+    return result, {r.row_id: r.messages[-1]["content"] for r in done}
+
+
+def print_table(results: dict, args) -> None:
     print("| engine | rows | tokens | wall s | tokens/s |")
     print("|---|---|---|---|---|")
     for engine, r in results.items():
@@ -113,6 +116,10 @@ def main(argv: list[str] | None = None) -> None:
             f"| {name}, after its {r['startup_s']:.0f} s start-up | {r['rows']} | {r['tokens']} | "
             f"{r['wall_s'] - r['startup_s']:.1f} | {r['tokens_per_s_after_startup']:.1f} |"
         )
+
+
+def compare_engines(engines: list[str], results: dict, texts: dict) -> dict[str, int]:
+    """Each engine's speed over the first one's, printed; -> {engine: replies identical to the first's}."""
     first, same = engines[0], {}
     for engine in engines[1:]:
         a, b = results[first], results[engine]
@@ -126,8 +133,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{engine} / {first}: {b['tokens_per_s'] / a['tokens_per_s']:.2f}x with start-up{after}; "
             f"identical replies: {same[engine]}/{len(texts[engine])}"
         )
-    if args.out:
-        args.out.write_text(json.dumps({"results": results, "identical_replies": same}, indent=1))
+    return same
 
 
 if __name__ == "__main__":  # vLLM runs in a subprocess; the guard keeps imports side-effect free

@@ -191,7 +191,7 @@ def run_variant(args) -> dict:
     }
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backbone", default="smollm2-135m", choices=["smollm2-135m", "tiny"])
     p.add_argument("--dtype", default="bfloat16")
@@ -214,13 +214,18 @@ def main() -> None:
     )
     p.add_argument("--threads", type=int, default=0, help="CPU threads; 0: the cores free at the start")
     args = p.parse_args()
+    unknown = sorted(set(args.variants.split(",")) - set(ALL_VARIANTS))
+    if unknown and not args.variant:
+        p.error(f"--variants: unknown {unknown}; expected some of {list(ALL_VARIANTS)}")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     if args.variant:
         print(json.dumps(run_variant(args)))
         return
     variants = args.variants.split(",")
-    unknown = sorted(set(variants) - set(ALL_VARIANTS))
-    if unknown:
-        p.error(f"--variants: unknown {unknown}; expected some of {list(ALL_VARIANTS)}")
     threads = choose_threads(args.threads)  # the children get the same count
     cond = conditions("cpu", args.dtype)
     shared = ["--backbone", args.backbone, "--dtype", args.dtype, "--heads", str(args.heads)]
@@ -246,12 +251,25 @@ def main() -> None:
     base = next((v for v in variants if v.endswith("naive")), variants[0])
     timer = Interleaved(variants, base, TimingConfig(budget_s=args.budget_s, max_rounds=args.repeats))
     timer.run(run, units=1)
+    rows = summary_rows(variants, timer, results)
+    cond = {**finish_conditions(cond), "threads_chosen": threads}
+    print_rows(rows, timer, threads, cond)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(
+                {"rows": rows, "conditions": cond, "timing": timer.report(), "runs": results}, f, indent=2
+            )
 
-    def naive_of(v: str) -> str:
-        return {"distill": "distill_naive", "eagle3": "eagle3_naive", "eagle": "eagle_naive"}.get(
-            v.removesuffix("_naive"), "naive"
-        )
 
+def naive_of(v: str) -> str:
+    """The naive baseline a variant is compared with in the same round."""
+    return {"distill": "distill_naive", "eagle3": "eagle3_naive", "eagle": "eagle_naive"}.get(
+        v.removesuffix("_naive"), "naive"
+    )
+
+
+def summary_rows(variants: list[str], timer: Interleaved, results: dict[str, list[dict]]) -> list[dict]:
+    """Per variant: median tokens/s, peak memory, speed and memory over its naive baseline (same rounds)."""
     rows = []
     for v in variants:
         rates = [s[v].rate for s in timer.samples.values()]
@@ -262,7 +280,10 @@ def main() -> None:
         rows.append({"variant": v, "tokens_per_s": float(sorted(rates)[len(rates) // 2]), "peak_rss_mb": peak,
                      "speed_x": speed["median"], "speed_x_ci": speed["ci"], "mem_x": peak / base_peak,
                      "rounds": len(rates), "loss": results[v][0]["loss"]})  # fmt: skip
-    cond = {**finish_conditions(cond), "threads_chosen": threads}
+    return rows
+
+
+def print_rows(rows: list[dict], timer: Interleaved, threads: int, cond: dict) -> None:
     print(f"\n{'variant':<16}{'tok/s':>10}{'peak MB':>10}{'speed x [95% CI]':>24}{'mem x':>8}")
     for r in rows:
         ci = f"[{r['speed_x_ci'][0]:.2f}, {r['speed_x_ci'][1]:.2f}]"
@@ -272,11 +293,6 @@ def main() -> None:
         )
     print(f"({timer.rounds} rounds; {threads} threads; load before / after {cond['load_avg_before']} / "
           f"{cond['load_avg_after']}; OMP env {cond['omp_env']})")  # fmt: skip
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(
-                {"rows": rows, "conditions": cond, "timing": timer.report(), "runs": results}, f, indent=2
-            )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Cheaper drafting: the time split of a truncated draft vocabulary, before and after.
+"""Cheaper drafting: the time split of a truncated draft vocabulary against the full one.
 
 Per decode step on the backbone: the target's verify forward (a chain of `--width` tokens after a cached
 context, as the decoder runs it) next to Medusa's drafting (K shared heads -> top-k over the full vocabulary or
@@ -32,6 +32,8 @@ from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import build_drafter
 from headstart.models.draft_vocab import label_counts, most_frequent, vocab_coverage
 from headstart.models.medusa import MedusaConfig
+
+TOPK = 4  # candidates per head, as the CPU Medusa tree takes them
 
 
 def alternate(fns: dict, reps: int) -> dict[str, float]:
@@ -77,7 +79,7 @@ def training_batch(train, batch: int, seq_len: int, vocab: int) -> torch.Tensor:
     return torch.stack(long) if len(long) == batch else torch.randint(3, vocab, (batch, seq_len))
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backbone", default="smollm2-135m", choices=["smollm2-135m", "tiny"])
     p.add_argument("--dtype", default="bfloat16")
@@ -95,7 +97,11 @@ def main() -> None:
     p.add_argument("--eval-rows", type=int, default=200, help="held-out rows its coverage is measured on")
     p.add_argument("--threads", type=int, default=0, help="CPU threads; 0: the cores free at the start")
     p.add_argument("--out", help="write the results as JSON here")
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(choose_threads(args.threads))
     torch.manual_seed(0)
     tiny = {"name": "tiny", "path": "tiny"} if args.backbone == "tiny" else {}
@@ -111,16 +117,30 @@ def main() -> None:
         coverage[dv] = (vocab_coverage(counts, token_map), vocab_coverage(held, token_map))
     variants = {"full": heads_for(backbone, args.heads, counts)}
     variants |= {f"Dv={dv}": heads_for(backbone, args.heads, counts, dv) for dv in sizes}
+    verify_s, draft_s = decode_step_times(args, backbone, held_out, variants)
+    train_s = train_step_times(args, backbone, train, variants)
+    rows_out = print_times(args, variants, verify_s, draft_s, train_s)
+    print(f"\nlabel coverage of the Dv most frequent training labels ({args.data}: {len(train)} training rows, "
+          f"{len(held_out)} held out, {int(held.sum())} held-out labels)")  # fmt: skip
+    for dv, (tr, ho) in coverage.items():
+        print(f"Dv={dv:<8} train {tr:.4f}   held-out {ho:.4f}")
+    if args.out:
+        cov = {str(dv): {"train": tr, "held_out": ho} for dv, (tr, ho) in coverage.items()}
+        Path(args.out).write_text(
+            json.dumps({"rows": rows_out, "coverage": cov, "args": vars(args)}, indent=2)
+        )
 
-    # decode step: the target's verify forward and each variant's drafting, alternating
+
+def decode_step_times(args, backbone, held_out, variants: dict) -> tuple[float, dict[str, float]]:
+    """The target's verify forward and each variant's drafting, alternating -> (verify s, {variant: draft s})."""
     rows = [r["input_ids"] for r in held_out if len(r["input_ids"]) >= args.context]
+    v = backbone.vocab_size
     context = (rows[0][: args.context] if rows else torch.randint(3, v, (args.context,))).tolist()
     chain = tree_from_paths([[0] * d for d in range(1, args.width)])  # root + width-1 drafts
     runner = ModelRunner(backbone, len(context) + args.width + 1)
     candidates = torch.tensor(context[-args.width :])  # any ids: the cost does not depend on them
     with torch.no_grad():
         hidden = runner.prefill(context)[0]  # (H,) the last position's hidden state
-    depth, topk = args.heads, 4
 
     def verify():
         with torch.no_grad():
@@ -129,15 +149,17 @@ def main() -> None:
     def drafting(heads):
         def run():
             with torch.no_grad():
-                heads.to_target(heads(hidden, depth=depth).topk(topk, dim=-1).indices)
+                heads.to_target(heads(hidden, depth=args.heads).topk(TOPK, dim=-1).indices)
 
         return run
 
     step_s = alternate({"verify": verify} | {n: drafting(h) for n, h in variants.items()}, args.reps)
-    verify_s, draft_s = step_s.pop("verify"), step_s
+    return step_s.pop("verify"), step_s
 
-    # training step: the heads' loss forward + backward on real labels (OOV targets included)
-    ids = training_batch(train, args.batch, args.seq_len, v)
+
+def train_step_times(args, backbone, train, variants: dict) -> dict[str, float]:
+    """Each variant's loss forward + backward on real labels (OOV targets included) -> {variant: s}."""
+    ids = training_batch(train, args.batch, args.seq_len, backbone.vocab_size)
     labels = ids.clone()
     with torch.no_grad():
         h_train = backbone(ids)[0]  # (B, T, H)
@@ -153,10 +175,12 @@ def main() -> None:
 
         return run
 
-    train_s = alternate({n: training(h) for n, h in variants.items()}, max(3, args.reps // 4))
+    return alternate({n: training(h) for n, h in variants.items()}, max(3, args.reps // 4))
 
+
+def print_times(args, variants: dict, verify_s: float, draft_s: dict, train_s: dict) -> list[dict]:
     print(f"\nper decode step ({args.backbone}, {args.dtype}, {torch.get_num_threads()} threads; "
-          f"verify width {args.width} after {args.context} cached tokens; {args.heads} shared heads, top-{topk})")  # fmt: skip
+          f"verify width {args.width} after {args.context} cached tokens; {args.heads} shared heads, top-{TOPK})")  # fmt: skip
     print(
         f"{'':<14}{'draft ms':>10}{'x full':>8}{'verify ms':>11}{'draft/verify':>14}{'train loss ms':>15}{'x full':>8}"
     )
@@ -168,15 +192,7 @@ def main() -> None:
         rows_out.append(r)
         print(f"{n:<14}{r['draft_ms']:>10.2f}{r['draft_x']:>8.2f}{r['verify_ms']:>11.2f}{r['draft_over_verify']:>14.3f}"
               f"{r['train_ms']:>15.1f}{r['train_x']:>8.2f}")  # fmt: skip
-    print(f"\nlabel coverage of the Dv most frequent training labels ({args.data}: {len(train)} training rows, "
-          f"{len(held_out)} held out, {int(held.sum())} held-out labels)")  # fmt: skip
-    for dv, (tr, ho) in coverage.items():
-        print(f"Dv={dv:<8} train {tr:.4f}   held-out {ho:.4f}")
-    if args.out:
-        cov = {str(dv): {"train": tr, "held_out": ho} for dv, (tr, ho) in coverage.items()}
-        Path(args.out).write_text(
-            json.dumps({"rows": rows_out, "coverage": cov, "args": vars(args)}, indent=2)
-        )
+    return rows_out
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ never emits more than max_new_tokens.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from dataclasses import dataclass, field
@@ -29,14 +28,13 @@ from headstart.eval.engine.acceptance import (
     typical_tree,
 )
 from headstart.eval.engine.kv_cache import CacheFullError
-from headstart.eval.engine.proposers import METHODS, PROPOSERS, TREE_METHODS, VANILLA
-from headstart.eval.engine.proposers.base import Draft, Proposer, Sampling
+from headstart.eval.engine.proposers import TREE_METHODS, VANILLA, proposer_config
+from headstart.eval.engine.proposers.base import Draft, Proposer, ProposerConfig, Sampling
 from headstart.eval.engine.proposers.lookup_branch import LookupBranch
 from headstart.eval.engine.proposers.lookup_choice import LookupChoice
 from headstart.eval.engine.runner import ModelRunner
 from headstart.eval.engine.tree import Tree
 from headstart.models.backbone import eos_token_ids
-from headstart.models.registry import resolve
 
 log = logging.getLogger("headstart.eval")
 
@@ -69,10 +67,10 @@ class GenerateOutput:
 
 
 class Decoder:
-    """One interface for every decoding method: "vanilla" or a proposer of eval/engine/proposers/ ("medusa",
-    "eagle"/"eagle3", "draft", "prompt_lookup"). The proposer's options (`drafter`, `draft_backbone`, `tree`,
-    `tree_nodes`, `topk`, `num_draft_tokens`, `head_accuracy`, `max_ngram`; None = the proposer's default) are
-    documented on its `make`; one that the method does not take is refused, not ignored.
+    """One interface for every decoding method: vanilla (`proposer=None` or "vanilla") or the typed config of a
+    proposer of eval/engine/proposers/ (`MedusaOptions`, `EagleOptions` / `Eagle3Options`, `DraftOptions`,
+    `PromptLookupOptions`: the drafter or draft LM and the proposer's options, documented there). A method name
+    alone builds that proposer's config with its defaults (`Decoder(backbone, "prompt_lookup")`).
     `lookup_tokens` (medusa, eagle, eagle3; 0 = off) adds up to that many prompt-lookup tokens to the drafter's
     tree each step (proposers/lookup_branch.py), verified in the same forward; with `lookup_min_match=m` the
     step verifies EITHER the drafter's draft or the lookup chain, the latter when its n-gram match is at least m
@@ -85,25 +83,17 @@ class Decoder:
     def __init__(
         self,
         backbone,
-        method: str = "vanilla",
-        drafter=None,
+        proposer: ProposerConfig | str | None = None,
         *,
-        draft_backbone=None,
-        tree=None,
-        num_draft_tokens: int | None = None,
         typical: bool = False,
         max_cache_len: int = 2048,
         device=None,
-        tree_nodes: int | None = None,
-        head_accuracy: list[list[float]] | None = None,
-        max_ngram: int | None = None,
         cuda_graphs: bool | None = None,
-        topk: int | None = None,
         lookup_tokens: int = 0,
         lookup_min_match: int | None = None,
     ) -> None:
-        if method not in METHODS:
-            raise ValueError(f"unknown decoding method {method!r}: expected one of {list(METHODS)}")
+        config = proposer_config(proposer) if isinstance(proposer, str) else proposer
+        method = VANILLA if config is None else config.method
         self.device = torch.device(device) if device is not None else backbone.device
         if self.device.type != backbone.device.type or (
             self.device.index is not None and self.device != backbone.device
@@ -113,19 +103,7 @@ class Decoder:
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self.max_cache_len = max_cache_len
         self.runner = ModelRunner(backbone, max_cache_len, self.cuda_graphs)
-        options = dict(
-            drafter=drafter,
-            draft_backbone=draft_backbone,
-            tree=tree,
-            num_draft_tokens=num_draft_tokens,
-            tree_nodes=tree_nodes,
-            head_accuracy=head_accuracy,
-            max_ngram=max_ngram,
-            topk=topk,
-        )
-        self.proposer: Proposer | None = self._make_proposer(
-            {k: v for k, v in options.items() if v is not None}
-        )
+        self.proposer: Proposer | None = None if config is None else config.make(self)
         if lookup_tokens:
             if method not in TREE_METHODS:
                 raise ValueError(
@@ -143,19 +121,6 @@ class Decoder:
             )
         self.eos_token_ids = eos_token_ids(backbone)
         self._sync = torch.cuda.synchronize if self.device.type == "cuda" else _no_sync
-
-    def _make_proposer(self, options: dict) -> Proposer | None:
-        if self.method == VANILLA:
-            if options:
-                raise ValueError(f"method 'vanilla' takes no proposer options, got {sorted(options)}")
-            return None
-        make = resolve(PROPOSERS[self.method])
-        takes = set(inspect.signature(make).parameters) - {"decoder"}
-        if extra := sorted(set(options) - takes):
-            raise ValueError(
-                f"{', '.join(extra)} do(es) not apply to method {self.method!r} (it takes {sorted(takes)})"
-            )
-        return make(self, **options)
 
     def generate(
         self,
@@ -292,10 +257,23 @@ def _no_sync() -> None:
     pass
 
 
-def build_decoder(method: str, backbone, checkpoint_dir=None, **opts) -> Decoder:
+def build_decoder(
+    method: str,
+    backbone,
+    checkpoint_dir=None,
+    *,
+    typical: bool = False,
+    max_cache_len: int = 2048,
+    device=None,
+    cuda_graphs: bool | None = None,
+    lookup_tokens: int = 0,
+    lookup_min_match: int | None = None,
+    **options,
+) -> Decoder:
     """A Decoder for `method`. `checkpoint_dir`: the drafter the method serves, as a `LoadedDrafter`
     (models/checkpoint.py; the caller read its config.json once) or a drafter folder (loaded here, once). Its
-    `serving()` options (the drafter, a draft LM, measured head accuracies) are added unless given in `opts`."""
+    `serving()` options (the drafter, a draft LM, measured head accuracies) are added unless given in `options`:
+    the proposer's options by name, as the tuner and decoding.json keep them, typed here (`proposer_config`)."""
     from headstart.models.checkpoint import LoadedDrafter, load_drafter
     from headstart.models.registry import METHODS
 
@@ -304,7 +282,12 @@ def build_decoder(method: str, backbone, checkpoint_dir=None, **opts) -> Decoder
         loaded = LoadedDrafter(*load_drafter(loaded, backbone), Path(loaded))
     if loaded is not None:
         served = loaded.drafter.serving(backbone, loaded.meta)
-        opts = {**{k: v for k, v in served.items() if v is not None}, **opts}
-    elif method in {m.proposer for m in METHODS.values()} and not {"drafter", "draft_backbone"} & opts.keys():
+        options = {**{k: v for k, v in served.items() if v is not None}, **options}
+    elif (
+        method in {m.proposer for m in METHODS.values()}
+        and not {"drafter", "draft_backbone"} & options.keys()
+    ):
         raise ValueError(f"method {method!r} needs checkpoint_dir= (a drafter folder written by train/)")
-    return Decoder(backbone, method, **opts)
+    config = proposer_config(method, **options)
+    return Decoder(backbone, config, typical=typical, max_cache_len=max_cache_len, device=device,
+                   cuda_graphs=cuda_graphs, lookup_tokens=lookup_tokens, lookup_min_match=lookup_min_match)  # fmt: skip

@@ -10,6 +10,7 @@ import torch
 
 from headstart.eval.engine.decoder import Decoder
 from headstart.eval.engine.device import sync
+from headstart.eval.engine.proposers import proposer_config
 from headstart.eval.errors import EvalError
 from headstart.models import registry
 from headstart.models.backbone import eos_token_ids
@@ -77,7 +78,8 @@ def quick_eval(
         else:
             served = {k: v for k, v in drafter.serving(backbone, live=True).items() if v is not None}
             proposer = registry.proposer_of(method)
-        decoder = Decoder(backbone, proposer, max_cache_len=cache, **{**served, **decoder_opts})
+        config = proposer_config(proposer, **{**served, **decoder_opts})
+        decoder = Decoder(backbone, config, max_cache_len=cache)
         eos = eos_token_ids(backbone)
         runs = []
         for ids in prompts:

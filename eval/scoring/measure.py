@@ -71,48 +71,15 @@ def score_prompts(
 def _score(
     vanilla, specs, backbone, prompts, opts, warmup, on_prompt, timing, threads
 ) -> tuple[dict[str, list[dict]], dict[str, dict]]:
-    tok, eos, device = backbone.tokenizer, eos_token_ids(backbone), backbone.device
-    cond = conditions(device, str(backbone.dtype).removeprefix("torch."))
+    cond = conditions(backbone.device, str(backbone.dtype).removeprefix("torch."))
     decoders = {"vanilla": vanilla, **specs}
     for p in prompts[:warmup]:  # untimed: kernels, allocator and caches warm on every path
         short = replace(opts, max_new_tokens=min(opts.max_new_tokens, 16))
         for dec in decoders.values():
             answer(dec, backbone, Prompt(p.question_id, p.category, p.turns[:1]), short, opts.seed)
     timer = Interleaved(list(decoders), "vanilla", timing)
-    units: list[dict] = []
-    records: dict[str, list[dict]] = {name: [] for name in specs}
-    for i, p in enumerate(prompts):
-        seed = opts.seed + 1000 * i
-        messages: dict[str, list] = {side: [] for side in decoders}
-        turns: dict[str, list] = {side: [] for side in decoders}
-        for t, user in enumerate(p.turns):
-            ids = {}
-            for side in decoders:
-                messages[side].append({"role": "user", "content": user})
-                ids[side] = chat_ids(tok, messages[side])
-                check_fits(len(ids[side]), opts, f"prompt {p.question_id!r} turn {t + 1}")
-            units.append({"prompt": i, "turn": t, "ids": ids, "seed": seed + t})
-            for side in timer.order(len(units) - 1, 0):
-                turns[side].append(decode_turn(decoders[side], ids[side], opts, seed + t, eos, device))
-            timer.add(len(units) - 1, 0, {side: _sample(turns[side][-1]) for side in decoders})
-            for side in decoders:
-                text = tok.decode(turns[side][-1]["tokens"], skip_special_tokens=True)
-                messages[side].append({"role": "assistant", "content": text})
-        v = turns["vanilla"]
-        for name in specs:
-            s = turns[name]
-            records[name].append(
-                {
-                    "question_id": p.question_id,
-                    "category": p.category,
-                    "match": all(a["tokens"] == b["tokens"] for a, b in zip(v, s)),
-                    "vanilla": summarize_turns(v),
-                    "spec": summarize_turns(s),
-                    "answers": [tok.decode(t["tokens"], skip_special_tokens=True) for t in s],
-                }
-            )
-        if on_prompt is not None:
-            on_prompt(i + 1, len(prompts))
+    units, records = _first_pass(decoders, timer, backbone, prompts, opts, on_prompt)
+    eos, device = eos_token_ids(backbone), backbone.device
 
     def rerun(side: str, u: int) -> Sample:
         unit = units[u]
@@ -124,15 +91,7 @@ def _score(
     shapes = {side: verify_shape(dec) for side, dec in decoders.items()}
     for attempt in range(2):  # a figure that fails a check is re-measured once (every side), then flagged
         costs = step_costs(backbone, shapes, context, timing.cost_reps)
-        figures = {}
-        for name in specs:
-            pair = timer.pair(name, "spec")  # vanilla and this side, this side named "spec"
-            pair_costs = {"vanilla": costs["vanilla"], "spec": costs[name]}
-            pred = predict(pair, pair_costs)
-            speedup = pair.summary("spec")["median"]
-            outliers = len(pair.outliers) / len(pair.samples)
-            checks = check(speedup, tau_of(records[name]), pair_costs, pred, outliers, timing.bound_tol)
-            figures[name] = (pair, pair_costs, pred, checks)
+        figures = {name: _figure(timer, name, costs, records[name], timing) for name in specs}
         if not any(f[3]["flags"] for f in figures.values()) or attempt:
             break
         rnd = timer.n_rounds()  # one more round of every unit, its outliers re-timed
@@ -157,3 +116,58 @@ def _score(
             "conditions": done,
         }
     return records, reports
+
+
+def _figure(timer: Interleaved, name: str, costs: dict, records: list[dict], timing: TimingConfig) -> tuple:
+    """Side `name` against vanilla: (the timed pair, its step costs, the predicted speedup, the checks)."""
+    pair = timer.pair(name, "spec")  # vanilla and this side, this side named "spec"
+    pair_costs = {"vanilla": costs["vanilla"], "spec": costs[name]}
+    pred = predict(pair, pair_costs)
+    speedup = pair.summary("spec")["median"]
+    outliers = len(pair.outliers) / len(pair.samples)
+    checks = check(speedup, tau_of(records), pair_costs, pred, outliers, timing.bound_tol)
+    return pair, pair_costs, pred, checks
+
+
+def _first_pass(
+    decoders: dict, timer: Interleaved, backbone, prompts: list[Prompt], opts: GenOpts, on_prompt
+) -> tuple[list[dict], dict[str, list[dict]]]:
+    """Every turn of every prompt decoded once by every side, the order rotating, each side continuing its own
+    conversation. -> the timing units (prompt, turn, each side's ids, seed) and per speculative side one record
+    per prompt (vanilla's and its tokens and stats, whether they match, its answers)."""
+    tok, eos, device = backbone.tokenizer, eos_token_ids(backbone), backbone.device
+    units: list[dict] = []
+    records: dict[str, list[dict]] = {name: [] for name in decoders if name != "vanilla"}
+    for i, p in enumerate(prompts):
+        seed = opts.seed + 1000 * i
+        messages: dict[str, list] = {side: [] for side in decoders}
+        turns: dict[str, list] = {side: [] for side in decoders}
+        for t, user in enumerate(p.turns):
+            ids = {}
+            for side in decoders:
+                messages[side].append({"role": "user", "content": user})
+                ids[side] = chat_ids(tok, messages[side])
+                check_fits(len(ids[side]), opts, f"prompt {p.question_id!r} turn {t + 1}")
+            units.append({"prompt": i, "turn": t, "ids": ids, "seed": seed + t})
+            for side in timer.order(len(units) - 1, 0):
+                turns[side].append(decode_turn(decoders[side], ids[side], opts, seed + t, eos, device))
+            timer.add(len(units) - 1, 0, {side: _sample(turns[side][-1]) for side in decoders})
+            for side in decoders:
+                text = tok.decode(turns[side][-1]["tokens"], skip_special_tokens=True)
+                messages[side].append({"role": "assistant", "content": text})
+        v = turns["vanilla"]
+        for name, recs in records.items():
+            s = turns[name]
+            recs.append(
+                {
+                    "question_id": p.question_id,
+                    "category": p.category,
+                    "match": all(a["tokens"] == b["tokens"] for a, b in zip(v, s)),
+                    "vanilla": summarize_turns(v),
+                    "spec": summarize_turns(s),
+                    "answers": [tok.decode(t["tokens"], skip_special_tokens=True) for t in s],
+                }
+            )
+        if on_prompt is not None:
+            on_prompt(i + 1, len(prompts))
+    return units, records

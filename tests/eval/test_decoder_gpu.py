@@ -4,6 +4,10 @@ import pytest
 import torch
 
 from headstart.eval.engine.decoder import Decoder
+from headstart.eval.engine.proposers.draft_model import DraftOptions
+from headstart.eval.engine.proposers.eagle import Eagle3Options, EagleOptions
+from headstart.eval.engine.proposers.medusa import MedusaOptions
+from headstart.eval.engine.proposers.prompt_lookup import PromptLookupOptions
 from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import build_drafter
 from headstart.models.medusa import MedusaConfig
@@ -27,13 +31,17 @@ def method_decoders(backbone, graphs: bool):
     eagle1 = build_drafter("eagle", EagleConfig(), backbone).eval()
     eagle3 = build_drafter("eagle3", Eagle3Config(draft_vocab_size=128), backbone).eval()
     return {
-        "eagle": Decoder(backbone, "eagle", eagle1, cuda_graphs=graphs),  # EAGLE-2's GPU tree (5, 60, 10)
-        "eagle3": Decoder(backbone, "eagle3", eagle3, tree_nodes=16, num_draft_tokens=3, cuda_graphs=graphs),
-        "medusa": Decoder(backbone, "medusa", heads, tree_nodes=24, cuda_graphs=graphs),
-        "medusa-chain": Decoder(backbone, "medusa", heads, tree="chain", cuda_graphs=graphs),
-        "draft-other": Decoder(backbone, "draft", draft_backbone=cuda_tiny(7, 0.02), cuda_graphs=graphs),
-        "draft-self": Decoder(backbone, "draft", draft_backbone=backbone, cuda_graphs=graphs),
-        "prompt_lookup": Decoder(backbone, "prompt_lookup", cuda_graphs=graphs),
+        "eagle": Decoder(
+            backbone, EagleOptions(eagle1), cuda_graphs=graphs
+        ),  # EAGLE-2's GPU tree (5, 60, 10)
+        "eagle3": Decoder(
+            backbone, Eagle3Options(eagle3, tree_nodes=16, num_draft_tokens=3), cuda_graphs=graphs
+        ),
+        "medusa": Decoder(backbone, MedusaOptions(heads, tree_nodes=24), cuda_graphs=graphs),
+        "medusa-chain": Decoder(backbone, MedusaOptions(heads, tree="chain"), cuda_graphs=graphs),
+        "draft-other": Decoder(backbone, DraftOptions(cuda_tiny(7, 0.02)), cuda_graphs=graphs),
+        "draft-self": Decoder(backbone, DraftOptions(backbone), cuda_graphs=graphs),
+        "prompt_lookup": Decoder(backbone, PromptLookupOptions(), cuda_graphs=graphs),
     }
 
 
@@ -60,8 +68,8 @@ def test_cuda_graphs_match_eager_logits_bf16():
     backbone = cuda_tiny(0, 0.1, dtype="bfloat16")
     heads = build_drafter("medusa", MedusaConfig(num_heads=3), backbone)
     prompt = backbone.tokenizer(TEXTS[0])["input_ids"]
-    eager = Decoder(backbone, "medusa", heads, tree_nodes=24, cuda_graphs=False)
-    graphed = Decoder(backbone, "medusa", heads, tree_nodes=24, cuda_graphs=True)
+    eager = Decoder(backbone, MedusaOptions(heads, tree_nodes=24), cuda_graphs=False)
+    graphed = Decoder(backbone, MedusaOptions(heads, tree_nodes=24), cuda_graphs=True)
     a, b = eager.generate(prompt, 64, eos_token_ids=[]), graphed.generate(prompt, 64, eos_token_ids=[])
     assert graphed.runner._graphs and all(g is not None for g in graphed.runner._graphs.values())
     assert len(b.tokens) == 64
@@ -81,7 +89,7 @@ def test_sampling_lossless_on_cuda_with_graphs():
     with torch.no_grad():  # a noisy copy of the target: some drafts accepted, some rejected
         for p in draft.parameters():
             p.mul_(1 + 0.5 * torch.randn_like(p))
-    dec = Decoder(backbone, "draft", draft_backbone=draft, num_draft_tokens=2, cuda_graphs=True)
+    dec = Decoder(backbone, DraftOptions(draft, num_draft_tokens=2), cuda_graphs=True)
     counts = torch.zeros(backbone.vocab_size, backbone.vocab_size)  # (t1, t2)
     for seed in range(1500):
         toks = dec.generate(prompt, 2, temperature=0.2, seed=seed, eos_token_ids=[]).tokens

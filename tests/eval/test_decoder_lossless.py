@@ -9,6 +9,9 @@ import torch
 from headstart.eval.engine.decoder import Decoder, build_decoder
 from headstart.eval.engine.kv_cache import CacheFullError
 from headstart.eval.engine.proposers.base import Draft
+from headstart.eval.engine.proposers.draft_model import DraftOptions
+from headstart.eval.engine.proposers.medusa import MedusaOptions
+from headstart.eval.engine.proposers.prompt_lookup import PromptLookupOptions
 from headstart.eval.engine.tree import Tree, TreeError, tree_from_paths
 from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import build_drafter, save_drafter
@@ -58,19 +61,18 @@ def perturbed_heads(backbone, num_heads=3, scale=0.3, seed=0):
 def decoders(backbone):
     untrained = build_drafter("medusa", MedusaConfig(num_heads=3), backbone)
     return {
-        "medusa-sparse": Decoder(backbone, "medusa", untrained),
-        "medusa-chain": Decoder(backbone, "medusa", untrained, tree="chain"),
-        "medusa-perturbed": Decoder(backbone, "medusa", perturbed_heads(backbone), tree_nodes=24),
+        "medusa-sparse": Decoder(backbone, MedusaOptions(untrained)),
+        "medusa-chain": Decoder(backbone, MedusaOptions(untrained, tree="chain")),
+        "medusa-perturbed": Decoder(backbone, MedusaOptions(perturbed_heads(backbone), tree_nodes=24)),
         "medusa-accuracy-tree": Decoder(
             backbone,
-            "medusa",
-            perturbed_heads(backbone, seed=1),
-            head_accuracy=[[0.5, 0.2, 0.1]] * 3,
-            tree_nodes=10,
+            MedusaOptions(
+                perturbed_heads(backbone, seed=1), head_accuracy=[[0.5, 0.2, 0.1]] * 3, tree_nodes=10
+            ),
         ),
-        "draft-other": Decoder(backbone, "draft", draft_backbone=tiny(7, 0.02), num_draft_tokens=3),
-        "draft-self": Decoder(backbone, "draft", draft_backbone=backbone, num_draft_tokens=4),
-        "prompt_lookup": Decoder(backbone, "prompt_lookup", num_draft_tokens=5),
+        "draft-other": Decoder(backbone, DraftOptions(tiny(7, 0.02), num_draft_tokens=3)),
+        "draft-self": Decoder(backbone, DraftOptions(backbone, num_draft_tokens=4)),
+        "prompt_lookup": Decoder(backbone, PromptLookupOptions(num_draft_tokens=5)),
     }
 
 
@@ -211,12 +213,12 @@ def test_clear_errors(models):
     backbone = models[0.02]
     heads = build_drafter("medusa", MedusaConfig(num_heads=2), backbone)
     with pytest.raises(TreeError, match="depth 3 > 2"):
-        Decoder(backbone, "medusa", heads, tree=[[0], [0, 0], [0, 0, 0]])
+        Decoder(backbone, MedusaOptions(heads, tree=[[0], [0, 0], [0, 0, 0]]))
     with pytest.raises(ValueError, match="unknown decoding method"):
         Decoder(backbone, "beam")
     with pytest.raises(ValueError, match="drafter"):
-        Decoder(backbone, "medusa")
-    dec = Decoder(backbone, "medusa", heads, tree=tree_from_paths([[0], [1]]), max_cache_len=32)
+        Decoder(backbone, MedusaOptions())
+    dec = Decoder(backbone, MedusaOptions(heads, tree=tree_from_paths([[0], [1]])), max_cache_len=32)
     with pytest.raises(CacheFullError, match="max_cache_len=32"):
         dec.generate(list(range(40)), 4)  # prompt longer than the cache: refused, not truncated
     with pytest.raises(CacheFullError, match="nothing is truncated"):

@@ -8,6 +8,11 @@ from scipy.stats import chisquare
 
 from headstart.eval.engine.acceptance import target_probs
 from headstart.eval.engine.decoder import Decoder
+from headstart.eval.engine.proposers import proposer_config
+from headstart.eval.engine.proposers.draft_model import DraftOptions
+from headstart.eval.engine.proposers.eagle import Eagle3Options
+from headstart.eval.engine.proposers.medusa import MedusaOptions
+from headstart.eval.engine.proposers.prompt_lookup import PromptLookupOptions
 from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import build_drafter
 from headstart.models.medusa import MedusaConfig
@@ -78,7 +83,7 @@ def test_medusa_tree_sampling_matches_target(target):
     # untrained heads propose the top tokens of p(t1) for t2, t3: on this model (which tends to repeat) often
     # right, sometimes at rank 1-2 after rank 0 was rejected (residual over siblings), sometimes not at all
     heads = build_drafter("medusa", MedusaConfig(num_heads=2), target)
-    decoder = Decoder(target, "medusa", heads, tree=[[0], [1], [2], [0, 0], [0, 1], [1, 0], [2, 0]])
+    decoder = Decoder(target, MedusaOptions(heads, tree=[[0], [1], [2], [0, 0], [0, 1], [1, 0], [2, 0]]))
     check_lossless(decoder, target, target.tokenizer("the cat")["input_ids"])
 
 
@@ -88,14 +93,14 @@ def test_draft_model_sampling_matches_target(target):
         g = torch.Generator().manual_seed(0)
         for p in draft.parameters():
             p.mul_(1 + 0.5 * torch.randn(p.shape, generator=g))
-    decoder = Decoder(target, "draft", draft_backbone=draft, num_draft_tokens=2)
+    decoder = Decoder(target, DraftOptions(draft, num_draft_tokens=2))
     check_lossless(
         decoder, target, target.tokenizer("the cat")["input_ids"], n_samples=800
     )  # 2 models: slower
 
 
 def test_prompt_lookup_sampling_matches_target(target):
-    decoder = Decoder(target, "prompt_lookup", num_draft_tokens=2, max_ngram=1)
+    decoder = Decoder(target, PromptLookupOptions(num_draft_tokens=2, max_ngram=1))
     prompt = target.tokenizer("the cat")["input_ids"]
     # seed the context so that lookups hit: each likely first token appears earlier, repeated (this model
     # tends to repeat), so the lookup proposes x, x after x
@@ -120,14 +125,14 @@ def seeded_prompt(target, top: int = 4, rounds: int = 12) -> list[int]:
 
 def medusa_with_branch(target):
     heads = build_drafter("medusa", MedusaConfig(num_heads=2), target)
-    return Decoder(target, "medusa", heads, tree=[[0], [1]], lookup_tokens=2)
+    return Decoder(target, MedusaOptions(heads, tree=[[0], [1]]), lookup_tokens=2)
 
 
 def eagle3_with_branch(target):
     from headstart.models.eagle_config import Eagle3Config
 
     drafter = build_drafter("eagle3", Eagle3Config(draft_vocab_size=259, ttt_steps=2), target).eval()
-    return Decoder(target, "eagle3", drafter, tree_nodes=3, topk=2, num_draft_tokens=2, lookup_tokens=2)
+    return Decoder(target, Eagle3Options(drafter, tree_nodes=3, topk=2, num_draft_tokens=2), lookup_tokens=2)
 
 
 @pytest.mark.parametrize("make", [medusa_with_branch, eagle3_with_branch])
@@ -167,5 +172,7 @@ def test_eagle_dynamic_tree_sampling_matches_target(target, method):
         (loss / n).backward()
         opt.step()
         opt.zero_grad()
-    decoder = Decoder(target, method, drafter.eval(), tree_nodes=6, topk=3, num_draft_tokens=2)
+    decoder = Decoder(
+        target, proposer_config(method, drafter=drafter.eval(), tree_nodes=6, topk=3, num_draft_tokens=2)
+    )
     check_lossless(decoder, target, prompt, n_samples=1000)

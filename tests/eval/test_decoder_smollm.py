@@ -6,6 +6,9 @@ from pathlib import Path
 import pytest
 
 from headstart.eval.engine.decoder import Decoder
+from headstart.eval.engine.proposers.draft_model import DraftOptions
+from headstart.eval.engine.proposers.medusa import MedusaOptions
+from headstart.eval.engine.proposers.prompt_lookup import PromptLookupOptions
 from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import build_drafter
 from headstart.models.medusa import MedusaConfig
@@ -40,9 +43,9 @@ def chat_prompts(backbone, n=5):
 def test_greedy_methods_equal_vanilla_on_smollm2(smollm):
     heads = build_drafter("medusa", MedusaConfig(num_heads=3), smollm)  # untrained: top-1 = the lm_head's
     decoders = {
-        "medusa": Decoder(smollm, "medusa", heads, tree_nodes=16, max_cache_len=512),
-        "prompt_lookup": Decoder(smollm, "prompt_lookup", max_cache_len=512),
-        "draft-self": Decoder(smollm, "draft", draft_backbone=smollm, num_draft_tokens=3, max_cache_len=512),
+        "medusa": Decoder(smollm, MedusaOptions(heads, tree_nodes=16), max_cache_len=512),
+        "prompt_lookup": Decoder(smollm, PromptLookupOptions(), max_cache_len=512),
+        "draft-self": Decoder(smollm, DraftOptions(smollm, num_draft_tokens=3), max_cache_len=512),
     }
     vanilla = Decoder(smollm, max_cache_len=512)
     for prompt in chat_prompts(smollm):

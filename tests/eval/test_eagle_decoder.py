@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from headstart.eval.engine.decoder import Decoder
+from headstart.eval.engine.proposers import proposer_config
 from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import build_drafter
 from headstart.models.eagle_config import Eagle3Config, EagleConfig
@@ -51,11 +52,18 @@ def test_greedy_equals_vanilla_untrained_and_perturbed(backbone, method):
     d = build_drafter(method, CONFIGS[method], backbone).eval()
     prompt = list(range(40, 60))
     ref = vanilla.generate(prompt, 32).tokens
-    assert Decoder(backbone, method, d, max_cache_len=256, tree_nodes=12).generate(prompt, 32).tokens == ref
+    assert (
+        Decoder(backbone, proposer_config(method, drafter=d, tree_nodes=12), max_cache_len=256)
+        .generate(prompt, 32)
+        .tokens
+        == ref
+    )
     with torch.no_grad():
         for p in d.parameters():
             p.add_(torch.randn_like(p) * 0.5)
-    dec = Decoder(backbone, method, d, max_cache_len=256, tree_nodes=12, num_draft_tokens=3)
+    dec = Decoder(
+        backbone, proposer_config(method, drafter=d, tree_nodes=12, num_draft_tokens=3), max_cache_len=256
+    )
     assert dec.generate(prompt, 32).tokens == ref
 
 
@@ -63,7 +71,9 @@ def test_greedy_equals_vanilla_untrained_and_perturbed(backbone, method):
 def test_trained_drafter_is_accepted_and_lossless(sharp, method):
     bb, vanilla, prompts, ids = sharp
     d = _trained(bb, method, ids)
-    dec = Decoder(bb, method, d, max_cache_len=256, tree_nodes=16, num_draft_tokens=4)
+    dec = Decoder(
+        bb, proposer_config(method, drafter=d, tree_nodes=16, num_draft_tokens=4), max_cache_len=256
+    )
     taus = []
     for p in prompts[:2] + [list(range(30, 38))]:
         out = dec.generate(p, 40)

@@ -297,13 +297,16 @@ def _rep(method: str, speedup: float, cats: dict[str, float], flags=()) -> dict:
             "categories": {c: {"tau": 1.5, "speedup": s} for c, s in cats.items()}}  # fmt: skip
 
 
-def test_compare_counts_categories_where_the_drafter_is_at_least_as_fast():
+def test_compare_counts_categories_where_the_drafter_is_faster_beyond_a_tie():
     from headstart.eval.report.compare import compare
 
     drafter = _rep("medusa", 1.2, {"a": 1.3, "b": 1.0, "c": 1.1})
     lookup = _rep("prompt_lookup", 1.1, {"a": 1.2, "b": 1.5, "c": 1.1})
     cmp = compare(drafter, {"prompt_lookup": lookup})
-    assert cmp["wins"]["prompt_lookup"] == {"categories": 2, "of": 3, "overall": True}  # a, c (a tie counts)
+    # a won; b lost; c a tie (not a win); overall 1.2 vs 1.1: won
+    assert cmp["wins"]["prompt_lookup"] == {"categories": 1, "tied": 1, "of": 3, "overall": True}
+    close = compare(_rep("medusa", 1.11, {"a": 1.0}), {"pl": _rep("pl", 1.1, {"a": 1.0})})
+    assert close["wins"]["pl"]["overall"] is False  # 1% ahead overall: within the 2% band, a tie
     flagged = compare(
         _rep("medusa", 1.2, {"a": 1.3}, flags=["above_bound"]), {"pl": _rep("pl", 1.1, {"a": 1})}
     )

@@ -8,7 +8,10 @@ import torch
 
 from headstart.eval.engine.decoder import Decoder
 from headstart.eval.engine.proposers.base import Draft, Sampling
+from headstart.eval.engine.proposers.eagle import Eagle3Options
 from headstart.eval.engine.proposers.lookup_branch import LookupBranch, merge_chain
+from headstart.eval.engine.proposers.medusa import MedusaOptions
+from headstart.eval.engine.proposers.prompt_lookup import PromptLookupOptions
 from headstart.eval.engine.tree import tree_from_paths
 from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import build_drafter
@@ -130,20 +133,22 @@ def test_medusa_with_branch_is_lossless_and_keeps_its_state():
         BackboneConfig(name="tiny", path="tiny", dtype="float32", tiny={"seed": 0, "initializer_range": 0.1})
     )
     heads = build_drafter("medusa", MedusaConfig(num_heads=3), backbone)
-    check_branch(backbone, lambda: Decoder(backbone, "medusa", heads, tree_nodes=6))
+    check_branch(backbone, lambda: Decoder(backbone, MedusaOptions(heads, tree_nodes=6)))
 
 
 def test_eagle3_with_branch_is_lossless_and_keeps_its_state(backbone):
     torch.manual_seed(0)
     drafter = build_drafter("eagle3", Eagle3Config(draft_vocab_size=259, ttt_steps=2), backbone).eval()
-    check_branch(backbone, lambda: Decoder(backbone, "eagle3", drafter, tree_nodes=6, num_draft_tokens=2))
+    check_branch(
+        backbone, lambda: Decoder(backbone, Eagle3Options(drafter, tree_nodes=6, num_draft_tokens=2))
+    )
 
 
 def test_refused_where_there_is_no_tree(backbone):
     with pytest.raises(ValueError, match="lookup_tokens applies to"):
-        Decoder(backbone, "prompt_lookup", lookup_tokens=2)
+        Decoder(backbone, PromptLookupOptions(), lookup_tokens=2)
     with pytest.raises(ValueError, match="lookup_tokens applies to"):
         Decoder(backbone, "vanilla", lookup_tokens=2)
     heads = build_drafter("medusa", MedusaConfig(num_heads=2), backbone)
-    dec = Decoder(backbone, "medusa", heads, tree_nodes=3, lookup_tokens=5)
+    dec = Decoder(backbone, MedusaOptions(heads, tree_nodes=3), lookup_tokens=5)
     assert isinstance(dec.proposer, LookupBranch) and dec.proposer.width == 4 + 5

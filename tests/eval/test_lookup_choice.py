@@ -8,7 +8,9 @@ from test_lookup_branch import TEXTS, Fixed, fresh_proposal
 
 from headstart.eval.engine.decoder import Decoder
 from headstart.eval.engine.proposers.base import Sampling
+from headstart.eval.engine.proposers.eagle import Eagle3Options
 from headstart.eval.engine.proposers.lookup_choice import LookupChoice
+from headstart.eval.engine.proposers.medusa import MedusaOptions
 from headstart.eval.engine.proposers.prompt_lookup import find_match
 from headstart.eval.engine.tree import chain_tree
 from headstart.models.backbone import BackboneConfig, load_backbone
@@ -80,20 +82,20 @@ def test_medusa_chain_with_lookup_choice_is_lossless_and_keeps_its_state():
         BackboneConfig(name="tiny", path="tiny", dtype="float32", tiny={"seed": 0, "initializer_range": 0.1})
     )
     heads = build_drafter("medusa", MedusaConfig(num_heads=3), backbone)
-    check_choice(backbone, lambda: Decoder(backbone, "medusa", heads, tree="chain"))
+    check_choice(backbone, lambda: Decoder(backbone, MedusaOptions(heads, tree="chain")))
 
 
 def test_eagle3_chain_with_lookup_choice_is_lossless_and_keeps_its_state(backbone):
     torch.manual_seed(0)
     drafter = build_drafter("eagle3", Eagle3Config(draft_vocab_size=259, ttt_steps=2), backbone).eval()
     check_choice(
-        backbone, lambda: Decoder(backbone, "eagle3", drafter, tree_nodes=3, topk=1, num_draft_tokens=3)
+        backbone, lambda: Decoder(backbone, Eagle3Options(drafter, tree_nodes=3, topk=1, num_draft_tokens=3))
     )
 
 
 def test_the_decoder_builds_the_choice_and_refuses_it_alone(backbone):
     heads = build_drafter("medusa", MedusaConfig(num_heads=2), backbone)
-    dec = Decoder(backbone, "medusa", heads, tree="chain", lookup_tokens=3, lookup_min_match=2)
+    dec = Decoder(backbone, MedusaOptions(heads, tree="chain"), lookup_tokens=3, lookup_min_match=2)
     assert isinstance(dec.proposer, LookupChoice) and dec.proposer.width == 4
     with pytest.raises(ValueError, match="lookup_min_match=2 needs lookup_tokens"):
-        Decoder(backbone, "medusa", heads, tree="chain", lookup_min_match=2)
+        Decoder(backbone, MedusaOptions(heads, tree="chain"), lookup_min_match=2)

@@ -12,6 +12,7 @@ from conftest import tiny_backbone
 from transformers import AutoModelForCausalLM
 
 from headstart.eval.engine.decoder import Decoder
+from headstart.eval.engine.proposers.draft_model import DraftOptions
 from headstart.models.backbone import Backbone, BackboneConfig
 from headstart.models.checkpoint import build_drafter, save_drafter
 from headstart.models.distill import DistillConfig
@@ -94,8 +95,8 @@ def test_builtin_draft_decoder_with_the_distilled_draft_equals_vanilla(tmp_path)
     target = tiny_backbone(**TINY)
     drafter = trained_checkpoint(target, tmp_path)
     draft = Backbone(drafter.draft, target.tokenizer, name="distilled")
-    spec = Decoder(target, method="draft", draft_backbone=draft, num_draft_tokens=3, max_cache_len=256)
-    vanilla = Decoder(target, method="vanilla", max_cache_len=256)
+    spec = Decoder(target, DraftOptions(draft, num_draft_tokens=3), max_cache_len=256)
+    vanilla = Decoder(target, "vanilla", max_cache_len=256)
     accepted = 0
     for text in ["alpha beta", "gamma delta epsilon zeta", "theta"]:
         ids = prompt_ids(target.tokenizer, text)

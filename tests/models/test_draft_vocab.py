@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from headstart.eval.engine.decoder import Decoder
+from headstart.eval.engine.proposers.medusa import MedusaOptions
 from headstart.models.backbone import BackboneConfig
 from headstart.models.checkpoint import build_drafter, load_drafter, save_drafter
 from headstart.models.draft_vocab import (
@@ -189,7 +190,7 @@ def test_greedy_speculative_equals_vanilla_with_truncated_heads(backbone, share)
     heads = truncated_heads(backbone, share, dv=120, lo=3)
     vanilla = Decoder(backbone)
     for tree in ("chain", None):
-        dec = Decoder(backbone, "medusa", heads, tree=tree, tree_nodes=8)
+        dec = Decoder(backbone, MedusaOptions(heads, tree=tree, tree_nodes=8))
         for text in ("the cat sat on the mat. the cat", "abc abc abc abc"):
             prompt = backbone.tokenizer(text)["input_ids"]
             ref = vanilla.generate(prompt, 24, eos_token_ids=[])

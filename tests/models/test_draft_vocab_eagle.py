@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from headstart.eval.engine.decoder import Decoder
+from headstart.eval.engine.proposers.eagle import EagleOptions
 from headstart.models.backbone import BackboneConfig
 from headstart.models.checkpoint import build_drafter, load_drafter, save_drafter
 from headstart.models.eagle_config import EagleConfig
@@ -94,7 +95,7 @@ def test_greedy_speculative_equals_vanilla(backbone):
     prompt = list(range(40, 60))
     ref = vanilla.generate(prompt, 32).tokens
     for kw in ({"tree_nodes": 12}, {"tree_nodes": 3, "num_draft_tokens": 3, "topk": 1}):
-        assert Decoder(backbone, "eagle", d, max_cache_len=256, **kw).generate(prompt, 32).tokens == ref
+        assert Decoder(backbone, EagleOptions(d, **kw), max_cache_len=256).generate(prompt, 32).tokens == ref
 
 
 def test_default_is_unchanged(backbone):

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from headstart.eval.engine.decoder import Decoder
+from headstart.eval.engine.proposers import proposer_config
 from headstart.models.checkpoint import build_drafter
 from headstart.models.eagle_config import Eagle3Config, EagleConfig
 from headstart.models.int8 import Int8Linear, for_decoding, quantize_linears, weights_of
@@ -76,9 +77,13 @@ def test_int8_drafters_decode_losslessly(backbone, method):
     prompt = list(range(40, 60))
     ref = Decoder(backbone, "vanilla", max_cache_len=256).generate(prompt, 32).tokens
     opts = {"tree_nodes": 12, "num_draft_tokens": 3}
-    native = Decoder(backbone, method, d, max_cache_len=256, **opts).generate(prompt, 32)
+    native = Decoder(backbone, proposer_config(method, drafter=d, **opts), max_cache_len=256).generate(
+        prompt, 32
+    )
     assert for_decoding(d, "cpu", "int8") == "int8"
-    out = Decoder(backbone, method, d, max_cache_len=256, **opts).generate(prompt, 32)
+    out = Decoder(backbone, proposer_config(method, drafter=d, **opts), max_cache_len=256).generate(
+        prompt, 32
+    )
     assert out.tokens == native.tokens == ref
     assert isinstance(d.fc, Int8Linear) and isinstance(d.layer.self_attn.q_proj, Int8Linear)
     if d.v3:  # EAGLE-3's own draft head; EAGLE-1 projects with the frozen lm_head's rows

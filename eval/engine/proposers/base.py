@@ -9,8 +9,8 @@ cache compaction, EOS/length handling and statistics are shared.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, fields
+from typing import ClassVar, Protocol
 
 import torch
 
@@ -62,3 +62,27 @@ class Proposer(Protocol):
     def accepted(self, path: list[int], hidden: torch.Tensor) -> None:
         """path = accepted node indices of the last proposal (root first; [0] after a plain step);
         hidden (q, H) = the target's final hidden states of that verify forward (a buffer: copy what you keep)."""
+
+
+@dataclass
+class ProposerConfig:
+    """What the decoder builds a proposer from: the model it drafts with (a drafter, a draft LM) and its options,
+    None meaning the proposer's default (which may depend on the device). Each proposer module declares its own
+    subclass, range checks in `__post_init__`, and `make` builds the proposer for a decoder (its device, its
+    runner, its cache length). An option a proposer does not declare cannot be passed: the dataclass refuses it."""
+
+    method: ClassVar[str]  # the decoding method's name (eval/engine/proposers/__init__.py: PROPOSERS)
+
+    def make(self, decoder) -> Proposer:
+        raise NotImplementedError
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+def check_positive(method: str, **options: int | None) -> None:
+    """Each option that is set (not None) must be >= 1: 0 is not "the default" here, None is."""
+    for name, value in options.items():
+        if value is not None and value < 1:
+            raise ValueError(f"{method}: {name}={value} must be >= 1. Fix: {name}=None for the default")

@@ -9,12 +9,16 @@ rolls back to len(context) - 2 and forwards the last two again (a fixed width of
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
 from headstart.eval.engine.acceptance import target_probs
-from headstart.eval.engine.proposers.base import Draft, Sampling
+from headstart.eval.engine.proposers.base import Draft, ProposerConfig, Sampling, check_positive
 from headstart.eval.engine.runner import ModelRunner
 from headstart.eval.engine.tree import chain_tree
+from headstart.models.backbone import Backbone
 
 DRAFT_TOKENS = 4  # tokens proposed per step
 
@@ -79,17 +83,27 @@ class DraftModelProposer:
         pass  # the next propose() rolls the draft cache back to what is still valid
 
 
-def make(decoder, draft_backbone=None, num_draft_tokens=None) -> DraftModelProposer:
-    """`draft_backbone`: a Backbone with the target's tokenizer; proposes `num_draft_tokens` (None: 4)."""
-    if draft_backbone is None:
-        raise ValueError("method 'draft' needs draft_backbone= (a Backbone with the same tokenizer)")
-    check_same_tokenizer(decoder.backbone, draft_backbone)
-    draft_backbone.to(decoder.device)
-    k = num_draft_tokens or DRAFT_TOKENS
-    vocab = decoder.backbone.vocab_size
-    return DraftModelProposer(
-        draft_backbone, k, vocab, decoder.device, decoder.max_cache_len, decoder.cuda_graphs
-    )
+@dataclass
+class DraftOptions(ProposerConfig):
+    """`draft_backbone`: a Backbone with the target's tokenizer; proposes `num_draft_tokens` per step."""
+
+    method: ClassVar[str] = "draft"
+    draft_backbone: Backbone | None = None
+    num_draft_tokens: int = DRAFT_TOKENS
+
+    def __post_init__(self) -> None:
+        check_positive(self.method, num_draft_tokens=self.num_draft_tokens)
+
+    def make(self, decoder) -> DraftModelProposer:
+        draft = self.draft_backbone
+        if draft is None:
+            raise ValueError("method 'draft' needs draft_backbone= (a Backbone with the same tokenizer)")
+        check_same_tokenizer(decoder.backbone, draft)
+        draft.to(decoder.device)
+        vocab = decoder.backbone.vocab_size
+        return DraftModelProposer(
+            draft, self.num_draft_tokens, vocab, decoder.device, decoder.max_cache_len, decoder.cuda_graphs
+        )
 
 
 def chain_options(k: int, drafter) -> tuple[dict, int]:

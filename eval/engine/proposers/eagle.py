@@ -23,10 +23,12 @@ proposer is garbage-collected.
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-from headstart.eval.engine.proposers.base import Draft, Sampling, Setting
+from headstart.eval.engine.proposers.base import Draft, ProposerConfig, Sampling, Setting, check_positive
 from headstart.eval.engine.tree import Tree, chain_tree, tree_from_accuracy
 from headstart.models.eagle import EagleDrafter
 
@@ -167,22 +169,42 @@ class EagleProposer:
         return Draft(torch.tensor([toks[c] for c in nodes], device=self.device), tree)
 
 
-def make(decoder, drafter=None, num_draft_tokens=None, tree_nodes=None, topk=None) -> EagleProposer:
+@dataclass
+class EagleOptions(ProposerConfig):
     """An EAGLE-1 or EAGLE-3 drafter on EAGLE-2's dynamic tree: `tree_nodes` nodes, `num_draft_tokens` levels
     deep, expanding the `topk` most confident nodes per level (None: EAGLE_TREE on CUDA, CPU_EAGLE_TREE on CPU)."""
-    if drafter is None:
-        raise ValueError(f"method {decoder.method!r} needs drafter= (an EagleDrafter), e.g. build_decoder()")
-    drafter.to(decoder.device)
-    decoder.runner.cuda_graphs = False  # target features are read through hooks, which graph replays skip
-    depth, nodes, width = EAGLE_TREE if decoder.device.type == "cuda" else CPU_EAGLE_TREE
-    return EagleProposer(
-        drafter,
-        decoder.backbone,
-        decoder.device,
-        num_draft_tokens or depth,
-        tree_nodes or nodes,
-        topk or width,
-    )
+
+    method: ClassVar[str] = "eagle"
+    drafter: EagleDrafter | None = None
+    num_draft_tokens: int | None = None
+    tree_nodes: int | None = None
+    topk: int | None = None
+
+    def __post_init__(self) -> None:
+        check_positive(self.method, num_draft_tokens=self.num_draft_tokens, tree_nodes=self.tree_nodes,
+                       topk=self.topk)  # fmt: skip
+
+    def make(self, decoder) -> EagleProposer:
+        if self.drafter is None:
+            raise ValueError(f"method {self.method!r} needs drafter= (an EagleDrafter), e.g. build_decoder()")
+        self.drafter.to(decoder.device)
+        decoder.runner.cuda_graphs = False  # target features are read through hooks, which graph replays skip
+        depth, nodes, width = EAGLE_TREE if decoder.device.type == "cuda" else CPU_EAGLE_TREE
+        return EagleProposer(
+            self.drafter,
+            decoder.backbone,
+            decoder.device,
+            depth if self.num_draft_tokens is None else self.num_draft_tokens,
+            nodes if self.tree_nodes is None else self.tree_nodes,
+            width if self.topk is None else self.topk,
+        )
+
+
+@dataclass
+class Eagle3Options(EagleOptions):
+    """The same dynamic tree for an EAGLE-3 drafter (the drafter, not the proposer, fuses three target layers)."""
+
+    method: ClassVar[str] = "eagle3"
 
 
 def chain_options(k: int, drafter) -> tuple[dict, int]:

@@ -4,9 +4,13 @@ sparse tree of top-k ranks (`headstart.eval.engine.tree`) picks which combinatio
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
-from headstart.eval.engine.proposers.base import Draft, Sampling, Setting
+from headstart.eval.engine.proposers import TREE_NAMES
+from headstart.eval.engine.proposers.base import Draft, ProposerConfig, Sampling, Setting, check_positive
 from headstart.eval.engine.tree import (
     Tree,
     chain_tree,
@@ -56,23 +60,37 @@ def medusa_tree(tree, num_heads: int, tree_nodes: int, head_accuracy) -> Tree:
         return tree_from_accuracy(head_accuracy[:num_heads], tree_nodes)
     if tree is None or tree == "default":
         return default_tree(num_heads, tree_nodes)
-    if isinstance(tree, str):
-        raise ValueError(f"tree={tree!r}: expected a Tree, a list of paths, 'chain', 'default' or None")
     return tree_from_paths(tree)
 
 
-def make(decoder, drafter=None, tree=None, tree_nodes=None, head_accuracy=None) -> MedusaProposer:
-    """`tree`: a Tree, a list of top-k rank paths, "chain" (top-1 of every head), "default" (Medusa's
-    mc_sim_7b_63 cut to `tree_nodes` and to the heads' depth) or None (built from `head_accuracy` if given,
-    else "default"). `tree_nodes`: None = 63 on CUDA, 4 on CPU."""
-    if drafter is None:
-        raise ValueError("method 'medusa' needs drafter= (MedusaHeads), e.g. from build_decoder()")
-    drafter.to(decoder.device)
-    if tree_nodes is None:
-        tree_nodes = DEFAULT_TREE_NODES if decoder.device.type == "cuda" else CPU_TREE_NODES
-    return MedusaProposer(
-        drafter, medusa_tree(tree, len(drafter.blocks), tree_nodes, head_accuracy), decoder.device
-    )
+@dataclass
+class MedusaOptions(ProposerConfig):
+    """Medusa heads on a static tree. `tree`: a Tree, a list of top-k rank paths, "chain" (top-1 of every head),
+    "default" (Medusa's mc_sim_7b_63 cut to `tree_nodes` and to the heads' depth) or None (built from
+    `head_accuracy` if given, else "default"). `tree_nodes`: None = 63 on CUDA, 4 on CPU."""
+
+    method: ClassVar[str] = "medusa"
+    drafter: MedusaHeads | None = None
+    tree: Tree | list | str | None = None
+    tree_nodes: int | None = None
+    head_accuracy: list[list[float]] | None = None
+
+    def __post_init__(self) -> None:
+        check_positive(self.method, tree_nodes=self.tree_nodes)
+        if isinstance(self.tree, str) and self.tree not in TREE_NAMES:
+            raise ValueError(
+                f"tree={self.tree!r}: expected a Tree, a list of paths, 'chain', 'default' or None"
+            )
+
+    def make(self, decoder) -> MedusaProposer:
+        if self.drafter is None:
+            raise ValueError("method 'medusa' needs drafter= (MedusaHeads), e.g. from build_decoder()")
+        self.drafter.to(decoder.device)
+        tree_nodes = self.tree_nodes
+        if tree_nodes is None:
+            tree_nodes = DEFAULT_TREE_NODES if decoder.device.type == "cuda" else CPU_TREE_NODES
+        tree = medusa_tree(self.tree, len(self.drafter.blocks), tree_nodes, self.head_accuracy)
+        return MedusaProposer(self.drafter, tree, decoder.device)
 
 
 def chain_options(k: int, drafter) -> tuple[dict, int]:

@@ -4,9 +4,12 @@ verified as a chain."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
-from headstart.eval.engine.proposers.base import Draft, Sampling
+from headstart.eval.engine.proposers.base import Draft, ProposerConfig, Sampling, check_positive
 from headstart.eval.engine.tree import chain_tree
 
 DRAFT_TOKENS, MAX_NGRAM = 4, 3
@@ -55,6 +58,16 @@ class PromptLookupProposer:
         pass
 
 
-def make(decoder, num_draft_tokens=None, max_ngram=None) -> PromptLookupProposer:
-    """Up to `num_draft_tokens` (None: 4) tokens from n-grams of up to `max_ngram` (None: 3)."""
-    return PromptLookupProposer(num_draft_tokens or DRAFT_TOKENS, decoder.device, max_ngram or MAX_NGRAM)
+@dataclass
+class PromptLookupOptions(ProposerConfig):
+    """Up to `num_draft_tokens` tokens from n-grams of up to `max_ngram` tokens; no model."""
+
+    method: ClassVar[str] = "prompt_lookup"
+    num_draft_tokens: int = DRAFT_TOKENS
+    max_ngram: int = MAX_NGRAM
+
+    def __post_init__(self) -> None:
+        check_positive(self.method, num_draft_tokens=self.num_draft_tokens, max_ngram=self.max_ngram)
+
+    def make(self, decoder) -> PromptLookupProposer:
+        return PromptLookupProposer(self.num_draft_tokens, decoder.device, self.max_ngram)
