@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--threads", type=int, default=1, help="torch threads for headstart's decoder (vLLM sets its own)"
     )
+    p.add_argument("--dtype", default="auto", help="vLLM's and ours: auto (native bf16 where the device has "
+                   "it, else float32 / float16 on CUDA) | float32 | bfloat16 | float16")  # fmt: skip
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     drafter = (
@@ -74,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
             chosen = spread(load_prompts(args.prompts).prompts, args.n)
         categories = None if args.no_baselines else [q.category for q in chosen]
         report = serve_check(
-            drafter, [q.turns[0] for q in chosen], out, args.k, args.max_new_tokens, categories
+            drafter, [q.turns[0] for q in chosen], out, args.k, args.max_new_tokens, categories, args.dtype
         )
     except (FileNotFoundError, ValueError, BackboneError, VllmError) as e:
         print(f"error: {e}", file=sys.stderr)

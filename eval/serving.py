@@ -23,8 +23,9 @@ from tqdm import tqdm
 from headstart.eval import serve_baselines as sb
 from headstart.eval import vllm_counters as vc
 from headstart.eval.interleave import OursRunner, VllmRunner, interleave, start_engines
+from headstart.hardware import machine_facts, machine_line
 from headstart.models import registry
-from headstart.vllm_runner import VllmError, eager, served_model
+from headstart.vllm_runner import VllmError, eager, served_model, serving_dtype
 
 MIN_POS1_RATIO = 0.9  # vLLM's position-1 acceptance must reach this fraction of ours ...
 MIN_GATED_RATE = 0.05  # ... when ours is at least this (random heads accept ~nothing in either engine)
@@ -143,7 +144,9 @@ def to_markdown(report: dict) -> str:
         "",
         f"vLLM {report['vllm_package']} ({report.get('vllm_engine', 'eager')} engine) vs headstart's decoder; "
         f"{report['prompts']} prompts, greedy, batch size 1, "
-        f"chain of {report['k']} drafts, up to {report['max_new_tokens']} new tokens, bf16.",
+        f"chain of {report['k']} drafts, up to {report['max_new_tokens']} new tokens, "
+        f"{report.get('dtype', 'bfloat16')}.",
+        *([machine_line(report["machine"], report["dtype"])] if report.get("machine") else []),
         "",
     ]
     if report.get("timing") == "interleaved":
@@ -193,6 +196,7 @@ def serve_check(
     k: int = 0,
     max_new: int = 96,
     categories: list[str] | None = None,
+    dtype: str = "auto",
 ) -> dict:
     """Export, serve each layout in vLLM, run ours on the first turns `questions` (chat template applied);
     the report dict, also written to OUT/serve_check.{json,md}. `k`: the chain length; 0: decoding.json's
@@ -212,7 +216,8 @@ def serve_check(
     if not k:  # the K the exports are written for (vLLM Medusa folders ship only that many heads)
         k = tuned_k({"decoding": read_decoding(drafter_dir)}, 3)
     layouts = export_layouts(drafter_dir, meta, out / "export")
-    backbone = load_backbone(BackboneConfig(**{**meta["backbone"], "dtype": "bfloat16"}))
+    compute = serving_dtype(dtype)  # one dtype for vLLM and ours: the comparison is of engines, not kernels
+    backbone = load_backbone(BackboneConfig(**{**meta["backbone"], "dtype": compute.dtype}))
     model = served_model(backbone)
     prompts = [chat_ids(backbone.tokenizer, [{"role": "user", "content": q}]) for q in questions]
     proposer = registry.proposer_of(meta["method"])
@@ -229,7 +234,9 @@ def serve_check(
         specs["vllm:ngram"] = {"speculative_config": dict(sb.NGRAM_SPEC)}
     max_len = max(len(p) for p in prompts) + max_new + 16
     with ExitStack() as stack:
-        engines, errors = start_engines(stack, model, specs, max_len, out / "logs", tolerate=True)
+        engines, errors = start_engines(
+            stack, model, specs, max_len, out / "logs", compute.dtype, tolerate=True
+        )
         for name, what in (
             ("vllm:plain", f"serve the backbone {model}"),
             ("vllm:ngram", "run its ngram proposer"),
@@ -306,6 +313,9 @@ def serve_check(
         "prompts": len(prompts),
         "k": k,
         "max_new_tokens": max_new,
+        "dtype": compute.dtype,
+        "dtype_choice": compute.record(),
+        "machine": machine_facts("cuda" if on_gpu() else "cpu"),
         "vanilla": {
             "vllm_tokens_per_s": plain.tokens_per_s,
             "ours_tokens_per_s": runs["ours:plain"].tokens_per_s,

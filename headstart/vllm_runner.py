@@ -67,9 +67,19 @@ def eager(default: bool = False) -> bool:
     return default if value == "" else value == "1"
 
 
+def serving_dtype(requested: str = "auto", setting: str = "--dtype"):
+    """The dtype vLLM (and our decoder beside it) computes in, a headstart.hardware.DtypeChoice: `auto` = what
+    the device vLLM runs on (a GPU with the CUDA build, else the CPU) computes natively; said once, with why."""
+    from headstart.hardware import announce, resolve_dtype  # torch: only where a dtype is chosen
+
+    choice = resolve_dtype(requested, "cuda" if on_gpu() else "cpu", setting=setting)
+    announce(setting, choice)
+    return choice
+
+
 def engine_spec(
     model: str | Path,
-    dtype: str = "bfloat16",
+    dtype: str,
     max_model_len: int = 2048,
     eager_default: bool = False,
     engines: int = 1,
