@@ -101,8 +101,8 @@ def start_engines(
     specs: dict[str, dict],
     max_len: int,
     log_dir: Path,
-    dtype: str,
     tolerate: bool = False,
+    dtype: str = "auto",
 ) -> tuple[dict, dict[str, str]]:
     """Start one vLLM engine per {name: engine_spec extras} (all alive together, so each gets its share of the
     memory fraction), each in `dtype`, each closed by `stack`, its log in `log_dir/<name without "vllm:">.log`. -> (engines,

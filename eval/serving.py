@@ -235,7 +235,7 @@ def serve_check(
     max_len = max(len(p) for p in prompts) + max_new + 16
     with ExitStack() as stack:
         engines, errors = start_engines(
-            stack, model, specs, max_len, out / "logs", compute.dtype, tolerate=True
+            stack, model, specs, max_len, out / "logs", tolerate=True, dtype=compute.dtype
         )
         for name, what in (
             ("vllm:plain", f"serve the backbone {model}"),

@@ -140,7 +140,7 @@ def sweep(
     specs = {PLAIN: {}} | {f"k{k}": layout_spec(meta["method"], lay, k) for k in ks}
     mode = "eager" if eager() else "compiled"
     with ExitStack() as stack:
-        engines, _ = start_engines(stack, model, specs, max_len, out / "logs", compute.dtype)
+        engines, _ = start_engines(stack, model, specs, max_len, out / "logs", dtype=compute.dtype)
         runners = {name: VllmRunner(engine, eos) for name, engine in engines.items()}
         bar = tqdm(total=len(prompts), desc="vLLM K sweep, prompts")
         timed = interleave(runners, prompts, max_new, lambda i, total: bar.update(1))

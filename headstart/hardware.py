@@ -183,7 +183,9 @@ _announced: set[str] = set()
 
 def announce(setting: str, choice: DtypeChoice) -> None:
     """Say once per process (per dtype) which dtype was chosen and why, in one line."""
-    if choice.dtype not in _announced:  # the first word wins: a later call with the resolved value adds nothing
+    if (
+        choice.dtype not in _announced
+    ):  # the first word wins: a later call with the resolved value adds nothing
         _announced.add(choice.dtype)
         log.info("%s: %s (%s)", setting, choice.dtype, choice.reason)
 

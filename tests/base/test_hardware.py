@@ -8,7 +8,14 @@ import logging
 import pytest
 
 from headstart import hardware
-from headstart.hardware import Capabilities, blas, cpu_flags, cpu_model, resolve_dtype, resolve_mixed_precision
+from headstart.hardware import (
+    Capabilities,
+    blas,
+    cpu_flags,
+    cpu_model,
+    resolve_dtype,
+    resolve_mixed_precision,
+)
 
 AMX = Capabilities("cpu", isa="AVX512", cpu_flags=frozenset({"amx_bf16", "avx512_bf16"}))
 AVX512_BF16 = Capabilities("cpu", isa="AVX512", cpu_flags=frozenset({"avx512_bf16"}))
@@ -135,7 +142,17 @@ def test_blas_from_torch_config():
 
 def test_machine_facts_name_the_machine():
     facts = hardware.machine_facts("cpu")
-    assert {"cpu", "isa", "cpu_bf16", "blas", "threads", "cores", "device", "device_name", "torch"} <= facts.keys()
+    assert {
+        "cpu",
+        "isa",
+        "cpu_bf16",
+        "blas",
+        "threads",
+        "cores",
+        "device",
+        "device_name",
+        "torch",
+    } <= facts.keys()
     assert facts["threads"] >= 1 and facts["device"] == "cpu"
     line = hardware.machine_line(facts, "float32")
     assert line.startswith(f"machine: {facts['cpu']} ({facts['isa']}, ") and "float32" in line
