@@ -231,10 +231,17 @@ def machine_facts(device: torch.device | str = "cpu") -> dict:
         "threads": torch.get_num_threads(),
         "cores": os.cpu_count(),
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model(),
+        "device_name": _cuda_name(device) if device.type == "cuda" else cpu_model(),
         "torch": torch.__version__,
     }
     return facts
+
+
+def _cuda_name(device: torch.device) -> str:
+    try:
+        return torch.cuda.get_device_name(device)
+    except (AssertionError, RuntimeError):  # a torch built without CUDA: the name is unknown, not an error
+        return "CUDA device"
 
 
 def machine_line(facts: dict, dtype: str) -> str:
