@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> None:
         for name, res in run_engines(args, engines, backbone).items():
             key = name if len(backbones) == 1 else f"{name}/{bcfg.dtype}"
             results[key], texts[key] = res
+            print(f"{key}: {json.dumps(res[0])}", flush=True)  # as each finishes: a long run keeps its rows
     print_table(args, results, texts)
 
 
