@@ -150,11 +150,14 @@ def print_table(args, results: dict, texts: dict) -> None:
     for engine in keys[1:]:
         a, b = results[first], results[engine]
         same[engine] = sum(texts[first].get(k) == t for k, t in texts[engine].items())
-        after = (
-            f", {b['tokens_per_s_after_startup'] / a['tokens_per_s_after_startup']:.2f}x after start-up"
-            if "startup_s" in a
-            else f", {b['tokens_per_s_after_startup'] / a['tokens_per_s']:.2f}x after {engine}'s start-up"
-        )
+        if "startup_s" not in b:  # HF beside HF (another dtype): no engine start-up on either side
+            after = ""
+        elif "startup_s" in a:
+            after = (
+                f", {b['tokens_per_s_after_startup'] / a['tokens_per_s_after_startup']:.2f}x after start-up"
+            )
+        else:
+            after = f", {b['tokens_per_s_after_startup'] / a['tokens_per_s']:.2f}x after {engine}'s start-up"
         print(
             f"{engine} / {first}: {b['tokens_per_s'] / a['tokens_per_s']:.2f}x with start-up{after}; "
             f"identical replies: {same[engine]}/{len(texts[engine])}"
