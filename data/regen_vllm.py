@@ -42,7 +42,7 @@ class VllmRegen:
             split = {"enable_chunked_prefill": False} if regen.temperature > 0 and not on_gpu() else {}
             spec = engine_spec(  # eager on CPU: compiling buys a batch job nothing there (engine_spec)
                 model,
-                DTYPE_NAMES.get(str(backbone.dtype), "bfloat16"),
+                DTYPE_NAMES[str(backbone.dtype)],  # the backbone's, resolved from backbone.dtype (auto)
                 max_length + regen.max_new_tokens,
                 eager_default=not on_gpu(),
                 **split,

@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--threads", type=int, default=1, help="torch threads for headstart's decoder (vLLM sets its own)"
     )
+    p.add_argument("--dtype", default="auto", help="vLLM's and ours: auto (native bf16 where the device has "
+                   "it, else float32 / float16 on CUDA) | float32 | bfloat16 | float16")  # fmt: skip
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     drafter = (
@@ -99,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
             q.turns[0] for f in args.prompts for q in load_prompts(f).prompts if q.question_id not in scored
         ]
         report = serve_check(drafter, [q.turns[0] for q in chosen], out, args.k, args.max_new_tokens, categories,
-                             args.hybrid, args.suffix, spread(spare, 6))  # fmt: skip
+                             args.hybrid, args.suffix, spread(spare, 6), dtype=args.dtype)  # fmt: skip
     except (FileNotFoundError, ValueError, BackboneError, VllmError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

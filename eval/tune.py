@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", type=Path, required=True, help="run dir or drafter folder")
     p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="", help="default: the checkpoint's backbone dtype")
+    p.add_argument("--dtype", default="auto", help="auto (native bf16 where the device has it, else float32 / fl"
+                   "oat16 on CUDA) | float32 | bfloat16 | float16 | '' (the checkpoint's)")  # fmt: skip
     p.add_argument("--prompts", default=DEFAULT_PROMPTS, help="jsonl whose first prompts the probe decodes")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: the cores free now)")
     p.add_argument("--force", action="store_true", help="measure again even if decoding.json matches")

@@ -67,15 +67,26 @@ def eager(default: bool = False) -> bool:
     return default if value == "" else value == "1"
 
 
+def serving_dtype(requested: str = "auto", setting: str = "--dtype"):
+    """The dtype vLLM (and our decoder beside it) computes in, a headstart.hardware.DtypeChoice: `auto` = what
+    the device vLLM runs on (a GPU with the CUDA build, else the CPU) computes natively; said once, with why."""
+    from headstart.hardware import announce, resolve_dtype  # torch: only where a dtype is chosen
+
+    choice = resolve_dtype(requested, "cuda" if on_gpu() else "cpu", setting=setting)
+    announce(setting, choice)
+    return choice
+
+
 def engine_spec(
     model: str | Path,
-    dtype: str = "bfloat16",
+    dtype: str = "auto",
     max_model_len: int = 2048,
     eager_default: bool = False,
     engines: int = 1,
     **extra,
 ) -> dict:
-    """`vllm.LLM` keyword arguments that work on a shared CPU and on a GPU.
+    """`vllm.LLM` keyword arguments that work on a shared CPU and on a GPU. `dtype`: auto (what the device vLLM
+    runs on computes natively: `serving_dtype`) | float32 | bfloat16 | float16.
 
     The KV cache: on a GPU `gpu_memory_utilization`, 0.8 shared by the `engines` alive at once (the serve
     check times them side by side, eval/serving/side_by_side.py). On CPU an explicit size, `kv_cache_memory_bytes`:
@@ -96,7 +107,7 @@ def engine_spec(
         memory = {"kv_cache_memory_bytes": max(CPU_KV_BYTES // engines, CPU_KV_MIN_BYTES)}
     spec = {
         "model": str(model),
-        "dtype": dtype,
+        "dtype": serving_dtype(dtype).dtype,  # auto: what the device vLLM runs on computes natively
         "max_model_len": max_model_len,
         "enforce_eager": eager(eager_default),
         **memory,

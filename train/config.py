@@ -45,9 +45,9 @@ class TrainConfig:
     max_steps: int = 1000  # optimizer steps
     micro_batch_size: int = 4  # rows per process per forward
     grad_accum: int = 1
-    mixed_precision: str = (
-        "bf16"  # no | bf16 | fp16 (autocast for the drafter; the backbone has its own dtype)
-    )
+    # autocast for the drafter (the backbone has its own dtype): auto = bf16 / fp16 where the device computes it
+    # natively, else no (headstart/hardware.py) | no | bf16 | fp16
+    mixed_precision: str = "auto"
     log_every: int = 10
     eval_every: int = 200  # held-out loss and per-head accuracy
     eval_batches: int = 16
@@ -71,8 +71,11 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.max_steps < 1 or self.micro_batch_size < 1 or self.grad_accum < 1:
             raise ValueError("train.max_steps, train.micro_batch_size and train.grad_accum must be >= 1")
-        if self.mixed_precision not in ("no", "bf16", "fp16"):
-            raise ValueError(f"train.mixed_precision={self.mixed_precision!r}: expected no | bf16 | fp16")
+        if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
+            raise ValueError(
+                f"train.mixed_precision={self.mixed_precision!r}: expected auto | no | bf16 | fp16. "
+                "Fix: train.mixed_precision=auto"
+            )
         if self.resume not in ("auto", "never") and not os.path.isdir(self.resume):
             raise ValueError(
                 f"train.resume={self.resume!r}: expected auto, never, or an existing checkpoint folder"

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from headstart.data import build_datasets, collate
+from headstart.hardware import machine_facts, resolve_dtype, resolve_mixed_precision
 from headstart.logs import FILE_ONLY
 from headstart.models import registry
 from headstart.models.backbone import Backbone, load_backbone
@@ -87,6 +88,29 @@ def check_strategy(acc: Accelerator, t: TrainConfig) -> None:
             )
 
 
+def resolve_dtypes(job: JobConfig, resolved: dict) -> None:
+    """backbone.dtype and train.mixed_precision `auto` -> what the training device computes natively (said once,
+    with why). The resolved values replace the settings in `job` and `resolved` (config.json, checkpoints, W&B,
+    the resume check: a run resumed on a machine that resolves otherwise is refused, not silently changed);
+    `resolved["compute"]` keeps what was asked, why, and the machine."""
+    t = job.train
+    on_cpu = t.device == "cpu" or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
+    device = torch.device("cuda" if torch.cuda.is_available() and not on_cpu else "cpu")
+    asked = job.backbone.dtype
+    job.backbone = job.backbone.resolved(device)
+    precision, why = resolve_mixed_precision(t.mixed_precision, device)
+    if precision != t.mixed_precision:
+        log.info("train.mixed_precision: %s (%s)", precision, why)
+    backbone_reason = resolve_dtype(asked, device, setting="backbone.dtype").reason
+    resolved["compute"] = {
+        "backbone.dtype": {"requested": asked, "resolved": job.backbone.dtype, "reason": backbone_reason},
+        "train.mixed_precision": {"requested": t.mixed_precision, "resolved": precision, "reason": why},
+        "machine": machine_facts(device),
+    }
+    t.mixed_precision = resolved["train"]["mixed_precision"] = precision
+    resolved["backbone"]["dtype"] = job.backbone.dtype
+
+
 @dataclass
 class Run:
     """What one training run holds once built: the prepared drafter, optimizer, scheduler and loaders, the frozen
@@ -115,9 +139,10 @@ class Run:
 
 def train(job: JobConfig, resolved: dict) -> Path:
     """Train job.method on job.backbone; returns the folder of the final drafter."""
+    resolve_dtypes(job, resolved)
     acc = make_accelerator(job.train, job.logger, job.run_dir)
     set_seed(job.train.seed)
-    banner(job, acc)
+    banner(job, acc, resolved["compute"]["machine"])
     resume_dir = prepare_run_dir(job, resolved, acc)
     run = build(job, resolved, acc)
     step = resume(run, resume_dir)

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 
+from headstart.hardware import machine_line
 from headstart.logs import log_file
 from headstart.tracking import LoggerConfig, log_model_artifact, training_run_kwargs
 from headstart.train.config import JobConfig, TrainConfig
@@ -41,9 +42,9 @@ def measured_tau(acc: Accelerator, t: TrainConfig, method: str, backbone, drafte
     return out
 
 
-def banner(job: JobConfig, acc: Accelerator) -> None:
-    """The first lines of a run: what is trained on what, where, with how many processes (the details are in
-    the log file). Main process only."""
+def banner(job: JobConfig, acc: Accelerator, machine: dict) -> None:
+    """The first lines of a run: what is trained on what, where (`machine`: headstart.hardware.machine_facts),
+    with how many processes (the details are in the log file). Main process only."""
     if not acc.is_main_process:
         return
     t = job.train
@@ -53,6 +54,7 @@ def banner(job: JobConfig, acc: Accelerator) -> None:
         f"  processes: {acc.num_processes} ({acc.distributed_type.value}, {acc.device.type}), mixed precision "
         f"{acc.mixed_precision}, batch {t.micro_batch_size} x {acc.num_processes} x {t.grad_accum}, "
         f"{t.max_steps} steps",
+        f"  {machine_line(machine, job.backbone.dtype)}",
         f"  full log: {log_file() or '(none)'}",
     ]
     print("\n".join(lines), flush=True)

@@ -36,6 +36,7 @@ from headstart.eval.timing.harness import (
     finish_conditions,
     summarize,
 )
+from headstart.hardware import announce, machine_facts, machine_line, resolve_dtype
 from headstart.models.backbone import Backbone, BackboneConfig, eos_token_ids, load_backbone
 from headstart.models.checkpoint import read_meta
 from headstart.models.int8 import MODES as INT8_MODES
@@ -65,7 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the drafter's layers: auto | int8 | native, or several (native,int8): one row each, side by side",
     )
     p.add_argument("--no-hf", action="store_true", help="skip the HF generate rows")
-    p.add_argument("--dtype", default="", help="float32 | bfloat16 | float16 (default: the checkpoint's)")
+    p.add_argument("--dtype", default="auto", help="auto (native bf16 where the device has it, else float32 / fl"
+                   "oat16 on CUDA) | float32 | bfloat16 | float16 | '' (the checkpoint's)")  # fmt: skip
     p.add_argument("--device", default="auto")
     p.add_argument("--warmup", type=int, default=1, help="prompts run untimed through every method first")
     p.add_argument("--out", default="", help="folder for bench.json and bench.md")
@@ -285,14 +287,13 @@ def markdown(rows: list[dict], settings: dict) -> str:
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     device = resolve_device(args.device)
-    if args.checkpoint:
-        bcfg = BackboneConfig(**read_meta(args.checkpoint)["backbone"])
-    else:
-        bcfg = BackboneConfig(dtype="float32" if device.type == "cpu" else "bfloat16")
+    bcfg = BackboneConfig(**read_meta(args.checkpoint)["backbone"]) if args.checkpoint else BackboneConfig()
     if args.backbone:  # with a checkpoint too: load_drafter still checks that the heads fit it
         bcfg = replace(bcfg, name=Path(args.backbone).name, path=args.backbone)
-    if args.dtype:
-        bcfg = replace(bcfg, dtype=args.dtype)
+    choice = resolve_dtype(args.dtype or bcfg.dtype, device, setting="--dtype")
+    announce("--dtype", choice)
+    bcfg = replace(bcfg, dtype=choice.dtype)
+    print(machine_line(machine_facts(device), bcfg.dtype), flush=True)  # the first line names the machine
     backbone = load_backbone(bcfg, device)
     draft = (
         load_backbone(BackboneConfig(name="draft", path=args.draft, dtype=bcfg.dtype), device)

@@ -43,6 +43,7 @@ from headstart.eval.timing.harness import (
     finish_conditions,
     summarize,
 )
+from headstart.hardware import machine_facts, machine_line, resolve_dtype
 
 VARIANTS = ("chunked", "chunked_shared", "naive")  # the default run: Medusa
 DISTILL_VARIANTS = ("distill", "distill_naive")
@@ -194,7 +195,8 @@ def run_variant(args) -> dict:
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backbone", default="smollm2-135m", choices=["smollm2-135m", "tiny"])
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--dtype", default="auto", help="auto (native bf16 where the device has it, else float32 / fl"
+                   "oat16 on CUDA) | float32 | bfloat16 | float16")  # fmt: skip
     p.add_argument("--heads", type=int, default=4, help="medusa: heads")
     p.add_argument(
         "--draft-layers", type=int, default=6, help="distill: target layers the pruned draft keeps"
@@ -227,6 +229,10 @@ def main() -> None:
         return
     variants = args.variants.split(",")
     threads = choose_threads(args.threads)  # the children get the same count
+    args.dtype = resolve_dtype(
+        args.dtype, "cpu", setting="--dtype"
+    ).dtype  # the children get the resolved one
+    print(machine_line(machine_facts("cpu"), args.dtype), flush=True)  # the first line names the machine
     cond = conditions("cpu", args.dtype)
     shared = ["--backbone", args.backbone, "--dtype", args.dtype, "--heads", str(args.heads)]
     shared += ["--draft-layers", str(args.draft_layers), "--divergence", args.divergence]

@@ -28,6 +28,7 @@ from headstart.data.config import DataConfig
 from headstart.eval.engine.runner import ModelRunner
 from headstart.eval.engine.tree import tree_from_paths
 from headstart.eval.timing.harness import choose_threads
+from headstart.hardware import machine_facts, machine_line, resolve_dtype
 from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import build_drafter
 from headstart.models.draft_vocab import label_counts, most_frequent, vocab_coverage
@@ -82,7 +83,8 @@ def training_batch(train, batch: int, seq_len: int, vocab: int) -> torch.Tensor:
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backbone", default="smollm2-135m", choices=["smollm2-135m", "tiny"])
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--dtype", default="auto", help="auto (native bf16 where the device has it, else float32 / fl"
+                   "oat16 on CUDA) | float32 | bfloat16 | float16")  # fmt: skip
     p.add_argument(
         "--sizes", default="4096,8192,16384", help="draft vocabulary sizes (the full one is added)"
     )
@@ -104,6 +106,8 @@ def main() -> None:
     args = parse_args()
     torch.set_num_threads(choose_threads(args.threads))
     torch.manual_seed(0)
+    args.dtype = resolve_dtype(args.dtype, "cpu", setting="--dtype").dtype  # the autocast below reads it
+    print(machine_line(machine_facts("cpu"), args.dtype), flush=True)  # the first line names the machine
     tiny = {"name": "tiny", "path": "tiny"} if args.backbone == "tiny" else {}
     backbone = load_backbone(BackboneConfig(dtype=args.dtype, **tiny))
     v = backbone.vocab_size

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from headstart.hardware import machine_line
 from headstart.models.export.serve_card import serve_check_lines
 
 
@@ -120,6 +121,8 @@ def markdown(report: dict) -> str:
         f"- prompts: `{r['prompts']['file']}` ({r['prompts']['n']} used, {r['prompts']['bad_rows']} bad rows)",
         f"- device {r['device']}, dtype {r['dtype']}, temperature {r['temperature']}, "
         f"max_new_tokens {r['max_new_tokens']}",
+        *([f"- {machine_line(r['machine'], r['dtype'])}"] if r.get("machine") else []),
+        *([f"- dtype: {r['dtype_choice']['reason']}"] if r.get("dtype_choice") else []),
         "",
         "| metric | value |",
         "|---|---|",

@@ -23,8 +23,9 @@ from tqdm import tqdm
 from headstart.eval.serving import baselines as sb
 from headstart.eval.serving import counters as vc
 from headstart.eval.serving.side_by_side import OursRunner, VllmRunner, interleave, start_engines
+from headstart.hardware import machine_facts, machine_line
 from headstart.models import registry
-from headstart.vllm_runner import VllmError, eager, served_model
+from headstart.vllm_runner import VllmError, eager, served_model, serving_dtype
 
 MIN_POS1_RATIO = 0.9  # vLLM's position-1 acceptance must reach this fraction of ours ...
 MIN_GATED_RATE = 0.05  # ... when ours is at least this (random heads accept ~nothing in either engine)
@@ -143,7 +144,9 @@ def to_markdown(report: dict) -> str:
         "",
         f"vLLM {report['vllm_package']} ({report.get('vllm_engine', 'eager')} engine) vs headstart's decoder; "
         f"{report['prompts']} prompts, greedy, batch size 1, "
-        f"chain of {report['k']} drafts, up to {report['max_new_tokens']} new tokens, bf16.",
+        f"chain of {report['k']} drafts, up to {report['max_new_tokens']} new tokens, "
+        f"{report.get('dtype', 'bfloat16')}.",
+        *([machine_line(report["machine"], report["dtype"])] if report.get("machine") else []),
         "",
     ]
     if report.get("timing") == "interleaved":
@@ -288,6 +291,7 @@ def serve_check(
     hybrid: int | None = None,
     suffix: bool = False,
     tune_questions: list[str] | None = None,
+    dtype: str = "auto",
 ) -> dict:
     """Export, serve each layout in vLLM, run ours on the first turns `questions` (chat template applied);
     the report dict, also written to OUT/serve_check.{json,md}. `k`: the chain length; 0: decoding.json's
@@ -306,7 +310,8 @@ def serve_check(
     if not k:  # the K the exports are written for (vLLM Medusa folders ship only that many heads)
         k = tuned_k({"decoding": read_decoding(drafter_dir)}, 3)
     layouts = export_layouts(drafter_dir, meta, out / "export")
-    backbone = load_backbone(BackboneConfig(**{**meta["backbone"], "dtype": "bfloat16"}))
+    compute = serving_dtype(dtype)  # one dtype for vLLM and ours: the comparison is of engines, not kernels
+    backbone = load_backbone(BackboneConfig(**{**meta["backbone"], "dtype": compute.dtype}))
     prompts = [chat_ids(backbone.tokenizer, [{"role": "user", "content": q}]) for q in questions]
     loaded = LoadedDrafter(*load_drafter(drafter_dir, backbone, meta), drafter_dir)
     ours, k = our_runners(backbone, loaded, k, with_lookup=categories is not None)
@@ -321,7 +326,8 @@ def serve_check(
     if hybrid is not None:
         add_hybrid(specs, ours, layouts, backbone, loaded, k, hybrid)
     max_len = max(len(p) for p in prompts) + max_new + 16
-    runs, errors = run_side_by_side(served_model(backbone), ours, specs, prompts, max_new, max_len, eos, out)
+    runs, errors = run_side_by_side(served_model(backbone), ours, specs, prompts, max_new, max_len, eos, out,
+                                    compute.dtype)  # fmt: skip
     aux = list(getattr(loaded.drafter, "aux_layers", ())) or None  # EAGLE-3's fused target layers
     rows, failures, notes = layout_rows(layouts, runs, specs, errors, aux)
     baselines = compare_baselines(rows, layouts, runs, categories)
@@ -343,6 +349,9 @@ def serve_check(
         "prompts": len(prompts),
         "k": k,
         "max_new_tokens": max_new,
+        "dtype": compute.dtype,
+        "dtype_choice": compute.record(),
+        "machine": machine_facts("cuda" if on_gpu() else "cpu"),
         "vanilla": {
             "vllm_tokens_per_s": plain.tokens_per_s,
             "ours_tokens_per_s": runs["ours:plain"].tokens_per_s,
@@ -402,12 +411,22 @@ def our_runners(backbone, loaded, k: int, with_lookup: bool) -> tuple[dict[str, 
 
 
 def run_side_by_side(
-    model, ours: dict, specs: dict, prompts: list[list[int]], max_new: int, max_len: int, eos, out: Path
+    model,
+    ours: dict,
+    specs: dict,
+    prompts: list[list[int]],
+    max_new: int,
+    max_len: int,
+    eos,
+    out: Path,
+    dtype: str = "auto",
 ) -> tuple[dict, dict[str, str]]:
     """Start every vLLM engine of `specs` (one that cannot start is recorded, unless it is plain or ngram),
     run the prompts interleaved across them and `ours`. -> {name: OursRun | EngineRun}, {name: start error}."""
     with ExitStack() as stack:
-        engines, errors = start_engines(stack, model, specs, max_len, out / "logs", tolerate=True)
+        engines, errors = start_engines(
+            stack, model, specs, max_len, out / "logs", tolerate=True, dtype=dtype
+        )
         for name, what in (
             ("vllm:plain", f"serve the backbone {model}"),
             ("vllm:ngram", "run its ngram proposer"),

@@ -27,7 +27,7 @@ from headstart.eval.serving.baselines import rate
 from headstart.eval.serving.check import export_layouts, layout_spec
 from headstart.eval.serving.side_by_side import VllmRunner, interleave, start_engines
 from headstart.eval.tuning.speed_model import expected_tokens
-from headstart.vllm_runner import VllmError, eager, served_model
+from headstart.vllm_runner import VllmError, eager, served_model, serving_dtype
 
 PLAIN = "plain"
 
@@ -101,7 +101,13 @@ def to_markdown(report: dict) -> str:
 
 
 def sweep(
-    drafter_dir: Path, questions: list[str], out: Path, ks: list[int], max_new: int = 96, write: bool = True
+    drafter_dir: Path,
+    questions: list[str],
+    out: Path,
+    ks: list[int],
+    max_new: int = 96,
+    write: bool = True,
+    dtype: str = "auto",
 ) -> dict:
     """Serve the drafter's vLLM layout at each K in `ks` beside plain vLLM on the first turns `questions`;
     the report dict (also OUT/vllm_k.{json,md}). `write`: store the chosen K in the drafter's decoding.json."""
@@ -123,7 +129,8 @@ def sweep(
     if not layouts:
         raise VllmError(f"{drafter_dir}: its method ({meta['method']}) has no layout vLLM serves")
     lay = layouts[0]
-    backbone = load_backbone(BackboneConfig(**{**meta["backbone"], "dtype": "bfloat16"}))
+    compute = serving_dtype(dtype)
+    backbone = load_backbone(BackboneConfig(**{**meta["backbone"], "dtype": compute.dtype}))
     model = served_model(backbone)
     if model is None:
         raise VllmError("the backbone is an in-memory model vLLM cannot load (backbone=tiny)")
@@ -133,7 +140,7 @@ def sweep(
     specs = {PLAIN: {}} | {f"k{k}": layout_spec(meta["method"], lay, k) for k in ks}
     mode = "eager" if eager() else "compiled"
     with ExitStack() as stack:
-        engines, _ = start_engines(stack, model, specs, max_len, out / "logs")
+        engines, _ = start_engines(stack, model, specs, max_len, out / "logs", dtype=compute.dtype)
         runners = {name: VllmRunner(engine, eos) for name, engine in engines.items()}
         bar = tqdm(total=len(prompts), desc="vLLM K sweep, prompts")
         timed = interleave(runners, prompts, max_new, lambda i, total: bar.update(1))
@@ -197,6 +204,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--no-write", action="store_true", help="report only; leave decoding.json as it is")
     p.add_argument("--out", type=Path, help="default: <run>/vllm_k")
+    p.add_argument("--dtype", default="auto", help="auto (native bf16 where the device has it, else float32 / "
+                   "float16 on CUDA) | float32 | bfloat16 | float16")  # fmt: skip
     args = p.parse_args(argv)
     drafter = (
         args.checkpoint / "drafter"
@@ -215,7 +224,9 @@ def main(argv: list[str] | None = None) -> None:
         else:
             chosen = spread(load_prompts(args.prompts).prompts, args.n)
         out = args.out or drafter.parent / "vllm_k"
-        report = sweep(drafter, [q.turns[0] for q in chosen], out, ks, args.max_new_tokens, not args.no_write)
+        report = sweep(
+            drafter, [q.turns[0] for q in chosen], out, ks, args.max_new_tokens, not args.no_write, args.dtype
+        )
     except (FileNotFoundError, ValueError, BackboneError, VllmError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

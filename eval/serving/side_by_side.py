@@ -96,14 +96,20 @@ class OursRunner:
 
 
 def start_engines(
-    stack: ExitStack, model: str, specs: dict[str, dict], max_len: int, log_dir: Path, tolerate: bool = False
+    stack: ExitStack,
+    model: str,
+    specs: dict[str, dict],
+    max_len: int,
+    log_dir: Path,
+    tolerate: bool = False,
+    dtype: str = "auto",
 ) -> tuple[dict, dict[str, str]]:
     """Start one vLLM engine per {name: engine_spec extras} (all alive together, so each gets its share of the
-    memory fraction), each closed by `stack`, its log in `log_dir/<name without "vllm:">.log`. -> (engines,
+    memory fraction), each in `dtype`, each closed by `stack`, its log in `log_dir/<name without "vllm:">.log`. -> (engines,
     errors): with `tolerate`, an engine that fails to start is recorded in `errors` and the others go on."""
     engines, errors = {}, {}
     for name, extra in specs.items():
-        spec = vllm_runner.engine_spec(model, "bfloat16", max_len, engines=len(specs), **extra)
+        spec = vllm_runner.engine_spec(model, dtype, max_len, engines=len(specs), **extra)
         log = log_dir / f"{name.removeprefix('vllm:')}.log"
         try:
             engines[name] = stack.enter_context(vllm_runner.VllmEngine(spec, log))

@@ -38,7 +38,9 @@ class EvalConfig:
     top_p: float = 1.0
     seed: int = 0  # turn t of prompt i samples with seed + 1000 i + t, the same for vanilla and spec
     device: str = "auto"  # auto (cuda when present) | cpu | cuda | cuda:N
-    dtype: str = ""  # empty: the dtype the checkpoint's backbone was trained with
+    # auto: bfloat16 where this device computes it natively, float16 on CUDA without bf16, float32 otherwise
+    # (headstart/hardware.py) | float32 | bfloat16 | float16 | empty: the dtype the checkpoint was trained in
+    dtype: str = "auto"
     max_cache_len: int = 2048  # KV-cache length: every turn's full conversation + its answer must fit
     # The proposer options below: all unset (null) on a medusa / eagle checkpoint = the tuner's choice
     # (`tuner`, eval/tuning/tuner.py: measured on this device, saved as <checkpoint>/decoding.json); any one set = the
@@ -94,8 +96,11 @@ class EvalConfig:
             )
         if self.limit_per_category < 0 or self.warmup < 0:
             raise EvalError("limit_per_category and warmup must be >= 0 (limit 0 means all prompts)")
-        if self.dtype and self.dtype not in DTYPES:
-            raise EvalError(f"dtype={self.dtype!r}: expected one of {sorted(DTYPES)} or empty (checkpoint's)")
+        if self.dtype not in ("", "auto", *DTYPES):
+            raise EvalError(
+                f"dtype={self.dtype!r}: expected auto, one of {sorted(DTYPES)} or empty (the checkpoint's). "
+                "Fix: dtype=auto"
+            )
         if self.method and self.method not in SPEC_METHODS:
             raise EvalError(f"method={self.method!r}: expected one of {list(SPEC_METHODS)} or empty")
         if self.method == DRAFT and not self.draft:

@@ -27,6 +27,7 @@ from headstart.eval.scoring.score import GenOpts, aggregate, check_fits
 from headstart.eval.stage.config import EvalConfig
 from headstart.eval.stage.prompts import PromptSet, chat_ids, load_prompts
 from headstart.eval.tuning.tuner import decoding_report, load_or_tune, probe_ids
+from headstart.hardware import DtypeChoice, announce, machine_facts, resolve_dtype
 from headstart.models import registry
 from headstart.models.backbone import Backbone, BackboneConfig, load_backbone
 from headstart.models.checkpoint import LoadedDrafter, find_checkpoints, load_drafter, step_of
@@ -76,6 +77,7 @@ class Evaluator:
         self.cfg, self.prompts = cfg, prompts
         self.device = resolve_device(cfg.device)
         self._backbones: dict[str, Backbone] = {}
+        self.dtype_choice: DtypeChoice | None = None  # the dtype of the last checkpoint evaluated, and why
         self.opts = GenOpts(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.seed, cfg.max_cache_len)
 
     def backbone(self, bcfg: BackboneConfig) -> Backbone:
@@ -142,8 +144,10 @@ class Evaluator:
         "figures"} of the drafter (drafter=False: baselines only) and "baselines": {name: report}."""
         cfg = self.cfg
         bcfg = BackboneConfig(**meta["backbone"])
-        if cfg.dtype:
-            bcfg = replace(bcfg, dtype=cfg.dtype)
+        # the checkpoint holds weights, not a compute dtype: auto decodes in what this device computes natively
+        self.dtype_choice = resolve_dtype(cfg.dtype or bcfg.dtype, self.device, setting="dtype")
+        announce("dtype", self.dtype_choice)
+        bcfg = replace(bcfg, dtype=self.dtype_choice.dtype)
         target = Target(ckpt, meta, bcfg, self.backbone(bcfg))
         vanilla = Decoder(target.backbone, VANILLA, max_cache_len=cfg.max_cache_len)
         sides: dict[str, Side] = {}  # "drafter" is never a baseline's name
@@ -191,6 +195,8 @@ class Evaluator:
             "max_new_tokens": cfg.max_new_tokens,
             "device": str(self.device),
             "dtype": target.bcfg.dtype,
+            "dtype_choice": self.dtype_choice.record(),  # what was asked (auto, ...) and why this dtype
+            "machine": machine_facts(self.device),
             "warmup_prompts": min(cfg.warmup, n),
             "prompts": {
                 "file": self.prompts.path,
@@ -284,5 +290,6 @@ def run(cfg: EvalConfig) -> dict:
     if cfg.logger.kind == "wandb":
         keys = ("checkpoint", "prompts", "method", "temperature", "max_new_tokens", "limit_per_category")
         config = {k: getattr(cfg, k) for k in keys}
+        config |= {"dtype": ev.dtype_choice.record(), "machine": machine_facts(ev.device)}  # figures name it
         log_wandb(cfg.logger, out, f"eval-{out.name}", config, **payload)
     return summary

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import math
 import os
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from headstart.hardware import machine_facts
 
 
 class TimingError(ValueError):
@@ -111,7 +112,8 @@ def conditions(device, dtype: str) -> dict:
     import torch
 
     dev = str(device)
-    name = torch.cuda.get_device_name(device) if dev.startswith("cuda") else platform.processor() or "cpu"
+    machine = machine_facts(device)  # CPU model, ISA, BLAS: what the figure was measured on
+    name = machine["device_name"]
     omp = {
         k: os.environ[k] for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS") if k in os.environ
     }
@@ -126,6 +128,7 @@ def conditions(device, dtype: str) -> dict:
         "busy_cores_before": round(busy_cores(0.2), 2),
         "load_avg_before": load_average(),
         "torch": torch.__version__,
+        "machine": machine,
     }
 
 

@@ -30,7 +30,7 @@ def serve_check_lines(report: dict | None) -> list[str]:
         "## Measured in vLLM (headstart serve check)",
         "",
         f"{report['vllm_package']} ({report.get('vllm_engine', 'eager')} engine), {report['prompts']} prompts, greedy, batch size 1, chain of {report['k']} "
-        f"drafts, bf16; headstart's decoder on the same chain and prompts. Result: "
+        f"drafts, {report.get('dtype', 'bfloat16')}; headstart's decoder on the same chain and prompts. Result: "
         f"{'pass' if report['passed'] else 'FAIL'}.",
         "",
         "| layout | loads in vLLM | tau vLLM | tau headstart | position-1 acceptance vLLM / headstart | vLLM speedup |",

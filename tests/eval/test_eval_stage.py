@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -311,3 +312,30 @@ def test_compare_counts_categories_where_the_drafter_is_faster_beyond_a_tie():
         _rep("medusa", 1.2, {"a": 1.3}, flags=["above_bound"]), {"pl": _rep("pl", 1.1, {"a": 1})}
     )
     assert flagged["wins"]["pl"]["overall"] is False  # a flagged figure never wins
+
+
+@pytest.mark.parametrize(
+    "flags, dtype, asked",
+    [({"amx_bf16"}, "bfloat16", "auto"), (set(), "float32", "auto"), ({"amx_bf16"}, "float32", "")],
+    ids=["auto-amx", "auto-avx2", "checkpoints"],
+)
+def test_dtype_auto_decodes_a_float32_checkpoint_in_the_devices_dtype(
+    ckpt, prompt_file, tmp_path, monkeypatch, flags, dtype, asked
+):
+    """The checkpoint holds weights, not a compute dtype: auto decodes where it runs fastest (bf16 with AMX),
+    `dtype=` (empty) as trained; the report says which, why, and on what machine."""
+    from headstart import hardware
+    from headstart.eval.stage import run
+    from headstart.eval.timing import TimingConfig
+    from headstart.eval.tuner import TunerConfig
+
+    caps = hardware.Capabilities("cpu", isa="AVX512" if flags else "AVX2", cpu_flags=frozenset(flags))
+    monkeypatch.setattr(hardware, "capabilities", lambda device="cpu": caps)
+    cfg = _cfg(ckpt, prompt_file, tmp_path / "out", limit_per_category=1, warmup=0,
+               timing=TimingConfig(budget_s=0), tuner=TunerConfig(mode="off"))  # fmt: skip
+    report = run(replace(cfg, dtype=asked))
+    assert report["dtype"] == report["backbone"]["dtype"] == dtype
+    assert report["dtype_choice"]["requested"] == (asked or "float32")  # empty: the checkpoint's float32
+    assert report["greedy_matches_vanilla"] == 1.0  # lossless in the dtype it decoded in
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert f"- machine: {report['machine']['cpu']}" in md and report["dtype_choice"]["reason"] in md
