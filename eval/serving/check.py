@@ -145,6 +145,11 @@ def to_markdown(report: dict) -> str:
         f"{report['prompts']} prompts, greedy, batch size 1, "
         f"chain of {report['k']} drafts, up to {report['max_new_tokens']} new tokens, bf16.",
         "",
+        *(
+            [f"K and settings from the drafter's {report['decoding_record']}.", ""]
+            if report.get("decoding_record")
+            else []
+        ),
     ]
     if report.get("timing") == "interleaved":
         lines += [
@@ -283,13 +288,16 @@ def serve_check(
     from headstart.eval.engine.proposers import chain_options
     from headstart.eval.stage.prompts import chat_ids
     from headstart.models.backbone import BackboneConfig, load_backbone
-    from headstart.models.checkpoint import LoadedDrafter, load_drafter, read_decoding, read_meta
+    from headstart.models.checkpoint import LoadedDrafter, load_drafter, read_meta
+    from headstart.models.decoding import pick, read_decodings
     from headstart.models.export.card import tuned_k
     from headstart.vllm_runner import on_gpu
 
     meta = read_meta(drafter_dir)
+    # the record for this use: greedy, on the device vLLM serves from here; the report names it
+    picked = pick(read_decodings(drafter_dir), greedy=True, device="cuda" if on_gpu() else "cpu")
     if not k:  # the K the exports are written for (vLLM Medusa folders ship only that many heads)
-        k = tuned_k({"decoding": read_decoding(drafter_dir)}, 3)
+        k = tuned_k({"decoding": picked.record if picked else None}, 3)
     layouts = export_layouts(drafter_dir, meta, out / "export")
     backbone = load_backbone(BackboneConfig(**{**meta["backbone"], "dtype": "bfloat16"}))
     model = served_model(backbone)
@@ -404,6 +412,9 @@ def serve_check(
         "timing": "interleaved",  # every engine alive, each prompt on each in turn (eval/serving/side_by_side.py)
         "prompts": len(prompts),
         "k": k,
+        "decoding_record": picked.note
+        if picked
+        else None,  # where k came from (none: k given or the default)
         "max_new_tokens": max_new,
         "vanilla": {
             "vllm_tokens_per_s": plain.tokens_per_s,

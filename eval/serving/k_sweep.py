@@ -97,6 +97,8 @@ def to_markdown(report: dict) -> str:
     ]
     if report.get("tuner_k") is not None:
         lines[-1] += f"; the tuner had predicted K = {report['tuner_k']} from headstart's decoder costs."
+    if report.get("decoding_record"):
+        lines += ["", f"The drafter's {report['decoding_record']}."]
     return "\n".join(lines) + "\n"
 
 
@@ -106,9 +108,11 @@ def sweep(
     """Serve the drafter's vLLM layout at each K in `ks` beside plain vLLM on the first turns `questions`;
     the report dict (also OUT/vllm_k.{json,md}). `write`: store the chosen K in the drafter's decoding.json."""
     from headstart.eval.stage.prompts import chat_ids
-    from headstart.eval.tuning.tuner import device_name
+    from headstart.eval.tuning.records import device_name
     from headstart.models.backbone import BackboneConfig, eos_token_ids, load_backbone
-    from headstart.models.checkpoint import read_decoding, read_meta, weights_signature, write_decoding
+    from headstart.models.checkpoint import read_meta, weights_signature
+    from headstart.models.decoding import pick, read_decodings, write_decodings
+    from headstart.vllm_runner import on_gpu
 
     if not ks or min(ks) < 1:
         raise ValueError(f"K sweep {ks}: give one or more chain lengths >= 1, e.g. --ks 1,2,3")
@@ -118,7 +122,10 @@ def sweep(
         raise ValueError(
             f"K sweep {ks}: these Medusa heads draft at most {heads} tokens. Fix: --ks 1..{heads}"
         )
-    record = read_decoding(drafter_dir)
+    # the greedy record for the device vLLM serves from here: the one whose K this sweep measures and replaces
+    records = read_decodings(drafter_dir)
+    picked = pick(records, greedy=True, device="cuda" if on_gpu() else "cpu")
+    record = picked.record if picked else None
     layouts = [lay for lay in export_layouts(drafter_dir, meta, out / "export") if lay.required]
     if not layouts:
         raise VllmError(f"{drafter_dir}: its method ({meta['method']}) has no layout vLLM serves")
@@ -159,7 +166,7 @@ def sweep(
                 "sweep": {str(k): v for k, v in summary["by_k"].items()},
                 "tuner": record["vllm"].get("tuner", record["vllm"]),  # the tuner's own prediction, kept
             }
-            write_decoding(drafter_dir, record)
+            write_decodings(drafter_dir, records)  # `record` is one of them, updated in place
             written = True
         report = {
             "checkpoint": str(drafter_dir),
@@ -171,6 +178,7 @@ def sweep(
             "chosen": chosen,
             "tuner_k": tuner_k,
             "written": written,
+            "decoding_record": picked.note if picked else None,
         }
         out.mkdir(parents=True, exist_ok=True)
         (out / "vllm_k.json").write_text(json.dumps(report, indent=1))

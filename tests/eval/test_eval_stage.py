@@ -15,7 +15,8 @@ from headstart.eval.engine.quick import quick_eval
 from headstart.eval.errors import EvalError
 from headstart.eval.stage.config import EvalConfig
 from headstart.models.backbone import BackboneConfig, BackboneError, load_backbone
-from headstart.models.checkpoint import build_drafter, read_decoding, save_drafter
+from headstart.models.checkpoint import build_drafter, save_drafter
+from headstart.models.decoding import read_decoding
 from headstart.models.medusa import MedusaConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")

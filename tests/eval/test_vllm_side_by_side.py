@@ -11,7 +11,7 @@ from contextlib import ExitStack
 import pytest
 
 from headstart.eval.serving import side_by_side as il
-from headstart.models.checkpoint import read_decoding, write_decoding
+from headstart.models.decoding import read_decoding, write_decoding
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -230,16 +230,16 @@ def test_no_decoding_json_reports_without_writing(medusa_ckpt, fake_vllm, tmp_pa
 
 
 def test_the_tuner_keeps_a_k_vllm_measured_for_the_same_weights_and_device():
-    from headstart.eval.tuning.tuner import measured_k
+    from headstart.eval.tuning.records import measured_k
 
     new = {"conditions": {"weights": "w1", "device_name": "cpu-x"}, "vllm": {"num_speculative_tokens": 3}}
     old = {"vllm": {"num_speculative_tokens": 2, "source": "vllm", "weights": "w1", "device_name": "cpu-x"}}
-    kept = measured_k(old, new)
+    kept = measured_k([old], new)
     assert kept["num_speculative_tokens"] == 2 and kept["tuner"] == {"num_speculative_tokens": 3}
-    assert measured_k({"vllm": {**old["vllm"], "weights": "w2"}}, new) is None  # retrained heads
-    assert measured_k({"vllm": {**old["vllm"], "device_name": "gpu"}}, new) is None  # another device
-    assert measured_k({"vllm": {"num_speculative_tokens": 2}}, new) is None  # the tuner's own prediction
-    assert measured_k(None, new) is None
+    assert measured_k([{"vllm": {**old["vllm"], "weights": "w2"}}], new) is None  # retrained heads
+    assert measured_k([{"vllm": {**old["vllm"], "device_name": "gpu"}}], new) is None  # another device
+    assert measured_k([{"vllm": {"num_speculative_tokens": 2}}], new) is None  # the tuner's own prediction
+    assert measured_k([], new) is None
 
 
 # ---------------------------------------------------------------- the serve check's flow
