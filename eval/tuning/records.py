@@ -2,8 +2,9 @@
 for, reusing the record of this eval's condition or tuning and adding one, and the report's `decoding` entry.
 
 A condition is the temperature class (greedy / sampled), device, dtype, the CPU threads the settings were
-chosen for (`tuner.threads`: a setting, the machine's cores by default, never the cores free at start, so a
-busy machine at start neither changes the tree nor hides the record an idle one wrote), how the drafter's layers
+chosen for (`tuner.threads`: a setting, by default torch's count, i.e. OMP_NUM_THREADS or the machine's cores,
+never the cores free at start, so a busy machine at start neither changes the tree nor hides the record an idle
+one wrote), how the drafter's layers
 are stored, the weights and the lookup branch. Each condition keeps its own record: a temperature-1 eval never
 replaces the greedy eval's tree.
 """
@@ -16,7 +17,6 @@ from dataclasses import dataclass
 
 import torch
 
-from headstart.eval.timing import harness
 from headstart.eval.tuning.prompts import ProbePrompts, normalise
 from headstart.eval.tuning.speed_model import speedup_at
 from headstart.eval.tuning.tuner import GREEDY, PLAIN, VERSION, TunerConfig, Use, tune
@@ -38,8 +38,10 @@ def device_name(dev: torch.device) -> str:
 
 
 def planned_threads(cfg: TunerConfig) -> int:
-    """The CPU threads the settings are chosen for: tuner.threads, else the cores this process may use."""
-    return cfg.threads or harness.usable_cores()
+    """The CPU threads the settings are chosen for: tuner.threads, else torch's intra-op count (OMP_NUM_THREADS
+    when set, else the machine's cores), never lowered for the cores busy at start (harness.choose_threads is
+    the timing's policy, not the tree's)."""
+    return cfg.threads or torch.get_num_threads()
 
 
 def conditions(backbone, loaded: LoadedDrafter, use: Use = GREEDY, threads: int | None = None) -> dict:

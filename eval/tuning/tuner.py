@@ -54,8 +54,8 @@ class TunerConfig:
     # the probe's prompts: never the eval's scored prompts (an overlap is refused); the default shares none
     # with the dev prompts
     prompts: str = DEFAULT_TUNING_PROMPTS
-    # CPU threads the settings are chosen for; 0: the machine's cores (those this process may use), whatever
-    # the load at start: load is the timing harness's business (it interleaves), not the tree's
+    # CPU threads the settings are chosen for; 0: torch's count (OMP_NUM_THREADS, else the machine's cores),
+    # whatever the load at start: load is the timing harness's business (it interleaves), not the tree's
     threads: int = 0
     reps: int = 7  # timed runs per verify width and per drafter setting (medians, order alternating)
     max_width: int = 0  # widest verify forward considered (root included); 0: 32 on CPU, 96 on CUDA

@@ -8,6 +8,7 @@ import json
 import logging
 
 import pytest
+import torch
 
 from headstart.eval.engine.proposers.base import Setting
 from headstart.eval.engine.tree import chain_tree
@@ -197,14 +198,26 @@ def test_the_default_tuning_prompts_share_nothing_with_the_default_scored_ones()
     assert shared_texts(texts, load_prompts(DEFAULT_PROMPTS)) == []
 
 
+@pytest.fixture
+def two_threads():
+    """torch's count as on an idle 2-core machine (the module otherwise runs on one thread)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.mark.usefixtures("two_threads")
 def test_a_busy_machine_at_start_does_not_change_the_tree(ckpt, scored, tuning, tmp_path, monkeypatch):
-    """tuner.threads=0 plans for the machine's cores: a busy start (mocked load) neither re-tunes nor changes
-    the choice the idle machine made, while the timing harness still picks its own count for the timing."""
+    """tuner.threads=0 plans for torch's count (the machine's cores): a busy start (mocked load) neither
+    re-tunes nor changes the choice the idle machine made, while the timing harness still picks its own count
+    for the timing."""
     monkeypatch.setattr(harness, "usable_cores", lambda: 2)
     monkeypatch.setattr(harness, "busy_cores", lambda *a: 0.0)
     idle = _eval(ckpt, scored, tmp_path / "idle", tuning, tuner={"threads": 0, "probe_prompts": 2})
     monkeypatch.setattr(harness, "busy_cores", lambda *a: 1.9)  # another job holds nearly both cores
-    assert harness.choose_threads(0) == 1 and planned_threads(TunerConfig()) == 2
+    assert planned_threads(TunerConfig()) == 2 and harness.choose_threads(0) == 1
+    torch.set_num_threads(2)  # choose_threads set it: back to torch's count, as a fresh process has it
     busy = _eval(
         ckpt, scored, tmp_path / "busy", tuning, tuner={"threads": 0, "probe_prompts": 2}, timing_threads=0
     )
