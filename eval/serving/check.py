@@ -221,9 +221,11 @@ def recorded_rule(drafter_dir, backbone, proposer, loaded, chain, k, questions, 
     and written there. None: the drafter alone was best, so there is no hybrid to serve."""
     from headstart.eval.stage.prompts import chat_ids
     from headstart.eval.tuning.lookup_rule import tune_lookup_rule
-    from headstart.models.checkpoint import read_decoding, write_decoding
+    from headstart.models.decoding import read_decoding, write_decoding
+    from headstart.vllm_runner import on_gpu
 
-    record = read_decoding(drafter_dir) or {}
+    # the greedy record for the device vLLM serves from here (the rule is kept in it, replacing only it)
+    record = read_decoding(drafter_dir, greedy=True, device="cuda" if on_gpu() else "cpu") or {}
     rule = record.get("lookup_rule")
     if not rule or rule.get("k") != k:
         if not questions:

@@ -102,15 +102,33 @@ def to_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def measured_entry(summary: dict, chosen: int, mode: str, device, drafter_dir: Path, tuner: dict) -> dict:
+    """decoding.json's `vllm` entry for the K vLLM chose, keeping the tuner's own prediction under `tuner`."""
+    from headstart.eval.tuning.records import device_name
+    from headstart.models.checkpoint import weights_signature
+
+    best = summary["by_k"][chosen]
+    return {
+        "num_speculative_tokens": chosen,
+        "source": "vllm",
+        "tokens_per_step": best["tau"],
+        "speedup": best["speedup"],
+        "vllm_engine": mode,
+        "device_name": device_name(device),  # what the tuner keeps it for, with the weights
+        "weights": weights_signature(drafter_dir),
+        "sweep": {str(k): v for k, v in summary["by_k"].items()},
+        "tuner": tuner.get("tuner", tuner),  # the tuner's own prediction, kept
+    }
+
+
 def sweep(
     drafter_dir: Path, questions: list[str], out: Path, ks: list[int], max_new: int = 96, write: bool = True
 ) -> dict:
     """Serve the drafter's vLLM layout at each K in `ks` beside plain vLLM on the first turns `questions`;
     the report dict (also OUT/vllm_k.{json,md}). `write`: store the chosen K in the drafter's decoding.json."""
     from headstart.eval.stage.prompts import chat_ids
-    from headstart.eval.tuning.records import device_name
     from headstart.models.backbone import BackboneConfig, eos_token_ids, load_backbone
-    from headstart.models.checkpoint import read_meta, weights_signature
+    from headstart.models.checkpoint import read_meta
     from headstart.models.decoding import pick, read_decodings, write_decodings
     from headstart.vllm_runner import on_gpu
 
@@ -152,22 +170,12 @@ def sweep(
         chosen = choose(summary)
         v = (record or {}).get("vllm", {})
         tuner_k = v.get("tuner", v).get("num_speculative_tokens")
-        written = False
-        if write and record is not None:
-            best = summary["by_k"][chosen]
-            record["vllm"] = {
-                "num_speculative_tokens": chosen,
-                "source": "vllm",
-                "tokens_per_step": best["tau"],
-                "speedup": best["speedup"],
-                "vllm_engine": mode,
-                "device_name": device_name(backbone.device),  # what the tuner keeps it for, with the weights
-                "weights": weights_signature(drafter_dir),
-                "sweep": {str(k): v for k, v in summary["by_k"].items()},
-                "tuner": record["vllm"].get("tuner", record["vllm"]),  # the tuner's own prediction, kept
-            }
-            write_decodings(drafter_dir, records)  # `record` is one of them, updated in place
-            written = True
+        written = write and record is not None
+        if written:  # `record` is one of `records`, updated in place
+            record["vllm"] = measured_entry(
+                summary, chosen, mode, backbone.device, drafter_dir, record["vllm"]
+            )
+            write_decodings(drafter_dir, records)
         report = {
             "checkpoint": str(drafter_dir),
             "layout": lay.name,

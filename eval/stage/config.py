@@ -40,7 +40,8 @@ class EvalConfig:
     dtype: str = ""  # empty: the dtype the checkpoint's backbone was trained with
     max_cache_len: int = 2048  # KV-cache length: every turn's full conversation + its answer must fit
     # The proposer options below: all unset (0 / "") on a medusa / eagle checkpoint = the tuner's choice
-    # (`tuner`, eval/tuning/tuner.py: measured on this device, saved as <checkpoint>/decoding.json); any one set = the
+    # (`tuner`, eval/tuning/tuner.py: measured on this device on its own tuning prompts, kept as this condition's
+    # record in <checkpoint>/decoding.json; plain decoding when nothing pays); any one set = the
     # user's options, the rest at the decoder's defaults.
     # prompt_lookup / draft: tokens proposed per step; eagle: tree depth. 0 = the decoder's default (4; eagle:
     # EAGLE-2's depth 5 on CUDA, 2 on CPU)

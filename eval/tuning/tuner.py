@@ -178,10 +178,6 @@ class _Recorder:
         self.groups: list[list[ProbeStep]] = []
         self._step: ProbeStep | None = None
 
-    @property
-    def steps(self) -> list[ProbeStep]:
-        return [s for g in self.groups for s in g]
-
     def start(self, prompt, hidden) -> None:
         self.groups.append([])
         self.inner.start(prompt, hidden)
@@ -273,9 +269,23 @@ class Measured:
     branch_steps: list[LookupStep] = field(default_factory=list)
 
 
-def _probe(method, backbone, loaded, prompts, cfg: TunerConfig, hooks, use: Use, cache: int) -> tuple:
-    """Decode the prompts with the proposer's wide probe tree, recording every step -> (bookkeeping by width,
-    Decoded of the probe, the recorder, the probe's options and width)."""
+@dataclass
+class ProbeRun:
+    """The probe's decodes: bookkeeping seconds per step by width (plain, the default setting, the probe tree),
+    the first prompt's prefill, each prompt + answer, the recorded steps by prompt (the warm-up first), and the
+    probe's options and width."""
+
+    bookkeeping: dict[int, float]
+    prefill_s: float
+    sequences: list[list[int]]
+    groups: list[list[ProbeStep]]
+    options: dict
+    width: int
+
+
+def _probe(method, backbone, loaded, prompts, cfg: TunerConfig, hooks, use: Use, cache: int) -> ProbeRun:
+    """Decode the prompts with the proposer's wide probe tree, recording every step. The decoders go when it
+    returns (EAGLE proposers' feature hooks with them), before any forward is timed."""
     vanilla = Decoder(backbone, VANILLA, max_cache_len=cache)
     plain = _decode(vanilla, prompts[:1], cfg.probe_tokens, use)
     default = build_decoder(method, backbone, loaded, max_cache_len=cache)
@@ -284,36 +294,30 @@ def _probe(method, backbone, loaded, prompts, cfg: TunerConfig, hooks, use: Use,
     probe = build_decoder(method, backbone, loaded, max_cache_len=cache, **options)
     probe.proposer = recorder = _Recorder(probe.proposer, use.lookup_tokens)
     decoded = _decode(probe, prompts, cfg.probe_tokens, use)
-    book = {
-        1: plain.bookkeeping_s,
-        default.proposer.width: b_default,
-        probe.proposer.width: decoded.bookkeeping_s,
-    }
-    return book, plain.prefill_s, decoded, recorder, options, probe.proposer.width
+    width = probe.proposer.width
+    book = {1: plain.bookkeeping_s, default.proposer.width: b_default, width: decoded.bookkeeping_s}
+    return ProbeRun(book, plain.prefill_s, decoded.sequences, recorder.groups, options, width)
 
 
 def measure(method, backbone, loaded: LoadedDrafter, prompts: list[list[int]], cfg: TunerConfig, hooks,
             use: Use = GREEDY) -> Measured:  # fmt: skip
     """Costs without the drafter's, and acceptance by depth and rank from the probe (see `Measured`)."""
     cache = max(len(p) for p in prompts) + cfg.probe_tokens + 512
-    book, prefill, decoded, recorder, options, width = _probe(
-        method, backbone, loaded, prompts, cfg, hooks, use, cache
-    )
-    context = decoded.sequences[0]
-    branch = lookup_steps(recorder.groups[1:], decoded.sequences) if use.lookup_tokens else []  # [0]: warm-up
+    run = _probe(method, backbone, loaded, prompts, cfg, hooks, use, cache)
+    context = run.sequences[0]
+    branch = lookup_steps(run.groups[1:], run.sequences) if use.lookup_tokens else []  # [0]: the warm-up
     hits, trials = [], []
-    for step in recorder.steps:
+    for step in (s for g in run.groups for s in g):
         count_path(step.tree, step.path, hits, trials)
     ranks = max((len(h) for h in hits), default=1)
     measured = acceptance_table(hits, trials, cfg.min_trials, ranks)
-    probe = {"options": options, "width": width, "steps": len(recorder.steps), "trials_by_depth": trials,
-             "prompts": len(prompts), "tokens": cfg.probe_tokens}  # fmt: skip
-    del recorder  # EAGLE proposers' feature hooks go with it, before the forwards are timed
+    probe = {"options": run.options, "width": run.width, "steps": sum(map(len, run.groups)),
+             "trials_by_depth": trials, "prompts": len(prompts), "tokens": cfg.probe_tokens}  # fmt: skip
     max_width = cfg.max_width or (96 if backbone.device.type == "cuda" else 32)
     widths = [w for w in WIDTHS if w <= max_width]
     shapes = {str(w): (w, None if w == 1 else chain_tree(w - 1)) for w in widths}
     raw = {int(w): s for w, s in step_costs(backbone, shapes, context, cfg.reps).items()}
-    costs = Costs(verify=non_decreasing(raw), draft={}, bookkeeping=book, prefill=prefill)
+    costs = Costs(verify=non_decreasing(raw), draft={}, bookkeeping=run.bookkeeping, prefill=run.prefill_s)
     probe["verify_s_as_timed"] = {str(w): t for w, t in raw.items()}  # before the non-decreasing fit
     return Measured(costs, measured, probe, context, max_width, branch)
 
