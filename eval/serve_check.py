@@ -29,9 +29,13 @@ from headstart.vllm_runner import VllmError
 
 def lookup_rule(drafter: Path) -> int:
     """The min_match the tuner chose for this drafter (decoding.json's `lookup_rule`)."""
-    from headstart.models.checkpoint import read_decoding
+    from headstart.models.decoding import read_decoding
+    from headstart.vllm_runner import on_gpu
 
-    rule = (read_decoding(drafter) or {}).get("lookup_rule")
+    # the greedy record for the device vLLM serves from here, as the serve check reads it
+    rule = (read_decoding(drafter, greedy=True, device="cuda" if on_gpu() else "cpu") or {}).get(
+        "lookup_rule"
+    )
     if not rule:
         raise EvalError(
             f"{drafter}: decoding.json has no lookup rule. Fix: --hybrid M (e.g. 2), or tune it first"

@@ -2,10 +2,12 @@
 
     python eval/tune.py --checkpoint runs/<run>/drafter [--device cpu] [--dtype bfloat16] [--force]
         [--lookup-tokens N]   # choose the tree for a decoder carrying an N-token prompt-lookup branch
+        [--temperature T]     # the record for sampled decoding (T > 0); greedy by default
     ./launch.sh tune --checkpoint runs/<run>          # a run folder: its drafter/
 
-Prints the measured costs, the chosen tree and vLLM's K with their predicted speedups, and writes
-<checkpoint>/decoding.json (eval/tuning/tuner.py), which later evals and exports reuse. `--out DIR` writes it there
+Prints the measured costs, the chosen tree (or plain decoding, when no setting is predicted faster) and vLLM's K
+with their predicted speedups, and adds the record for this condition to <checkpoint>/decoding.json
+(eval/tuning/records.py, models/decoding.py), which later evals and exports reuse. `--out DIR` writes it there
 instead (a read-only checkpoint).
 """
 
@@ -18,19 +20,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from headstart.errors import exit_on_user_error
-from headstart.eval.stage.config import DEFAULT_PROMPTS
 from headstart.eval.stage.evaluate import resolve_device
-from headstart.eval.stage.prompts import load_prompts
-from headstart.eval.tuning.tuner import TunerConfig, load_or_tune, probe_ids
+from headstart.eval.tuning.prompts import DEFAULT_TUNING_PROMPTS, probe_prompts
+from headstart.eval.tuning.records import Tuned, load_or_tune
+from headstart.eval.tuning.tuner import PLAIN, TunerConfig, Use
 from headstart.models import registry
 from headstart.models.backbone import BackboneConfig, load_backbone
-from headstart.models.checkpoint import (
-    LoadedDrafter,
-    load_drafter,
-    read_meta,
-    resolve_checkpoint,
-    write_decoding,
-)
+from headstart.models.checkpoint import LoadedDrafter, load_drafter, read_meta, resolve_checkpoint
+from headstart.models.decoding import write_decoding
 from headstart.models.int8 import MODES as INT8_MODES
 from headstart.models.int8 import for_decoding
 
@@ -41,8 +38,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", help="auto (native bf16 where the device has it, else float32 / fl"
                    "oat16 on CUDA) | float32 | bfloat16 | float16 | '' (the checkpoint's)")  # fmt: skip
-    p.add_argument("--prompts", default=DEFAULT_PROMPTS, help="jsonl whose first prompts the probe decodes")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: the cores free now)")
+    p.add_argument("--prompts", default=DEFAULT_TUNING_PROMPTS, help="jsonl whose prompts the probe decodes")
+    p.add_argument(
+        "--threads", type=int, default=0, help="CPU threads to choose for (0: the machine's cores)"
+    )
+    p.add_argument("--temperature", type=float, default=0.0, help="the eval's temperature (0: greedy)")
+    p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--force", action="store_true", help="measure again even if decoding.json matches")
     p.add_argument("--out", type=Path, help="write decoding.json here instead of beside the checkpoint")
     p.add_argument("--probe-prompts", type=int, default=TunerConfig.probe_prompts)
@@ -63,24 +64,25 @@ def main(argv: list[str] | None = None) -> None:
         backbone = load_backbone(replace(bcfg, dtype=args.dtype or bcfg.dtype), resolve_device(args.device))
         loaded = LoadedDrafter(*load_drafter(ckpt, backbone, meta), None if args.out else ckpt)
         for_decoding(loaded.drafter, backbone.device, args.draft_weights)
-        cfg = TunerConfig(
-            mode="force" if args.force else "auto", probe_prompts=args.probe_prompts, reps=args.reps
-        )
-        ids = probe_ids(load_prompts(args.prompts, 0), backbone, cfg.probe_prompts)
+        cfg = TunerConfig(mode="force" if args.force else "auto", prompts=args.prompts, threads=args.threads,
+                          probe_prompts=args.probe_prompts, reps=args.reps)  # fmt: skip
+        probe = probe_prompts(cfg.prompts, backbone, cfg.probe_prompts)
         method = registry.get(meta["method"]).proposer
-        record = load_or_tune(method, backbone, loaded, ids, cfg, args.threads, args.lookup_tokens)
-        if record is None:
+        use = Use(args.temperature, args.top_p, args.lookup_tokens)
+        tuned = load_or_tune(method, backbone, loaded, probe, cfg, use)
+        if tuned is None:
             raise ValueError(
                 f"{ckpt} holds a {meta['method']} drafter, whose decoder ({method}) the tuner has no model of"
             )
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
-            print(f"wrote {write_decoding(args.out, {k: v for k, v in record.items() if k != 'reused'})}")
-        print(summary(record))
+            print(f"wrote {write_decoding(args.out, tuned.record)}")
+        print(summary(tuned))
 
 
-def summary(record: dict) -> str:
+def summary(tuned: Tuned) -> str:
     """The measured costs and the choice, for a terminal."""
+    record = tuned.record
     c = record["costs_s"]
     ms = lambda t: ", ".join(f"{k}: {1000 * v:.2f}" for k, v in t.items())  # noqa: E731
     pred, v = record["predicted"], record["vllm"]
@@ -90,19 +92,20 @@ def summary(record: dict) -> str:
         if record.get("lookup_tokens")
         else ""
     )
+    how = "reused" if tuned.reused else f"tuned now in {record['seconds']:.1f} s"
     return "\n".join([
         f"verify ms by width: {ms(c['verify'])}",
         f"drafter ms by setting: {ms(c['draft'])}",
         f"bookkeeping ms by width: {ms(c['bookkeeping'])}; prefill {1000 * c['prefill']:.1f} ms",
         f"acceptance ({record['acceptance']['source']}): "
         + json.dumps([[round(a, 3) for a in row[:4]] for row in record["acceptance"]["table"]]),
-        f"decoder: {record['decoder_summary']}: tau {pred['tokens_per_step']:.3f}, {pred['tokens_per_s']:.1f} "
+        *([f"plain decoding chosen: {record['choice_reason']}"] if record["choice"] == PLAIN else []),
+        f"{'declined' if record['choice'] == PLAIN else 'decoder'}: {record['decoder_summary']}: tau {pred['tokens_per_step']:.3f}, {pred['tokens_per_s']:.1f} "
         f"tokens/s vs vanilla {pred['vanilla_tokens_per_s']:.1f}, predicted speedup {pred['speedup']:.3f}x{branch}",
         f"vLLM: num_speculative_tokens {v['num_speculative_tokens']} (tau {v['tokens_per_step']:.3f}, "
         + (f"measured {v['speedup']:.3f}x in vLLM, ./launch.sh vllm-k)" if v.get("source") == "vllm"
            else f"predicted speedup {v['speedup']:.3f}x with this device's costs)"),
-        f"({record['conditions']['device']}, {record['conditions']['dtype']}, "
-        f"{record['conditions']['threads']} threads; {record['seconds']:.1f} s{', reused' if record.get('reused') else ''})",
+        f"record: {tuned.name} ({how})",
     ])  # fmt: skip
 
 

@@ -21,9 +21,6 @@ from headstart.models.backbone import Backbone, BackboneConfig, check_compatible
 from headstart.models.drafter import Drafter
 
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
-DECODING_NAME = (
-    "decoding.json"  # decoding settings chosen from measured costs (eval/tuning/tuner.py), read by exports
-)
 DRAFTER_DIR = "drafter"  # a run folder's final drafter, and the drafter inside every step checkpoint
 
 
@@ -184,27 +181,6 @@ def weights_signature(path: Path) -> str:
     """Size and mtime of the folder's weights: a decoding.json measured on other weights is stale."""
     st = (Path(path) / WEIGHTS_NAME).stat()
     return f"{st.st_size}:{st.st_mtime_ns}"
-
-
-def read_decoding(path: str | Path) -> dict | None:
-    """The folder's decoding.json (the tuner's choice), None when absent or unreadable."""
-    try:
-        record = json.loads((Path(path) / DECODING_NAME).read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) and "decoder" in record else None
-
-
-def write_decoding(path: str | Path, record: dict) -> Path:
-    """Write decoding.json atomically (a temporary sibling renamed over it: readers see the old or the new)."""
-    final = Path(path) / DECODING_NAME
-    tmp = final.with_name(f"{DECODING_NAME}.tmp{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(record, indent=2))
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return final
 
 
 def resolve_checkpoint(path: str | Path) -> Path:

@@ -8,7 +8,9 @@ model.safetensors). `--layout all` writes every layout of the checkpoint's metho
 (FasterDecoding/Medusa) and OUT/vllm (vLLM); EAGLE-3 -> OUT/eagle3 (SGLang / EAGLE repo) and OUT/speculators
 (vLLM); EAGLE-1 -> OUT/eagle; DistillSpec -> OUT itself, a standard HF causal-LM folder. Each folder has a model
 card naming the base model, the data, the training config and, when an eval report exists, the measured
-acceptance and speedup. The code lives in models/export/.
+acceptance and speedup. vLLM's K and the cards' serving snippets come from the drafter's decoding.json record
+for greedy decoding on `--serving-device` (the nearest record when none matches; the command says which).
+The code lives in models/export/.
 """
 
 from __future__ import annotations
@@ -33,11 +35,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--license", help="the model cards' license, e.g. apache-2.0: the base model's (default: other)"
     )
+    p.add_argument(
+        "--serving-device",
+        default="cuda",
+        choices=["cuda", "cpu"],
+        help="where the exports will be served: picks decoding.json's greedy record for it (default: cuda)",
+    )
     args = p.parse_args(argv)
     out = args.out or resolve_checkpoint(args.checkpoint).parent / "export"
     with exit_on_user_error():
         chosen = [] if args.layout == "all" else [args.layout]
-        for folder in export(args.checkpoint, out, chosen, args.push, args.private, args.license):
+        folders = export(
+            args.checkpoint, out, chosen, args.push, args.private, args.license, args.serving_device
+        )
+        for folder in folders:
             print(f"wrote {folder}")
 
 

@@ -159,13 +159,17 @@ def build_methods(args, backbone: Backbone, draft: Backbone | None, cache_len: i
     from headstart.eval.engine.proposers.draft_model import DraftOptions
     from headstart.eval.engine.proposers.prompt_lookup import PromptLookupOptions
     from headstart.models import registry
-    from headstart.models.checkpoint import LoadedDrafter, load_drafter, read_decoding
+    from headstart.models.checkpoint import LoadedDrafter, load_drafter
+    from headstart.models.decoding import pick, read_decodings
     from headstart.models.int8 import for_decoding
 
     eos, n, k = eos_token_ids(backbone), args.max_new_tokens, args.num_draft_tokens
     methods = {"ours vanilla": ours_runner(Decoder(backbone, "vanilla", max_cache_len=cache_len), n, eos)}
     if args.checkpoint:
-        tuned = (read_decoding(args.checkpoint) or {}).get("decoder", {})
+        picked = pick(read_decodings(args.checkpoint), greedy=True, device=backbone.device.type)
+        if picked:  # which record the tree comes from (a plain choice still benchmarks its declined tree)
+            print(picked.note)
+        tuned = picked.record.get("decoder", {}) if picked else {}
         opts = {"tree_nodes": args.tree_nodes} if args.tree_nodes else tuned
         opts |= {"lookup_tokens": args.lookup_tokens} if args.lookup_tokens else {}
         for mode in args.draft_weights:  # a drafter each: int8 replaces its layers in place

@@ -89,6 +89,8 @@ def decoding_lines(d: dict | None) -> list[str]:
     if not d:
         return []
     opts = ", ".join(f"{k}={v}" for k, v in d["options"].items()) or "the decoder's defaults"
+    if d.get("choice") == "plain":
+        opts = "plain decoding, the drafter unused"
     lines = ["", "## Decoding settings", "", f"- {opts} (chosen by: {d['source']})"]
     if w := d.get("draft_weights"):
         lines.append(f"- drafter layers: {w} (draft_weights; int8: weight-only, CPU)")
@@ -101,8 +103,12 @@ def decoding_lines(d: dict | None) -> list[str]:
         )
     if "predicted_speedup" not in d:
         return lines
+    tp = d["tuning_prompts"]
     lines += [
-        f"- tuner ({'reused' if d['reused'] else 'measured now'}, acceptance from the {d['acceptance_source']}): "
+        f"- tuner record: {d['record']} ({'reused from' if d['reused'] else 'tuned now, added to'} "
+        f"decoding.json; probe on {tp['n']} prompts of `{tp['file']}`, none of them scored here)",
+        f"- choice: {d['choice']} ({d['choice_reason']})",
+        f"- tuner prediction (acceptance from the {d['acceptance_source']}): "
         f"predicted tau {_fmt(d['predicted_tau'], 3)} vs measured {_fmt(d['measured_tau'], 3)}; predicted "
         f"speedup {_fmt(d['predicted_speedup'], 3)}x at this run's answer length (steady state "
         f"{_fmt(d['predicted_speedup_steady'], 3)}x) vs measured {_fmt(d['measured_speedup'], 3)}x: ratio "
@@ -117,6 +123,7 @@ def markdown(report: dict) -> str:
     lines = [
         f"# Eval: {r['method']} on {r['backbone'].get('name')}",
         "",
+        *([f"**{r['headline']}**", ""] if r.get("headline") else []),
         f"- checkpoint: `{r['checkpoint']}`",
         f"- prompts: `{r['prompts']['file']}` ({r['prompts']['n']} used, {r['prompts']['bad_rows']} bad rows)",
         f"- device {r['device']}, dtype {r['dtype']}, temperature {r['temperature']}, "

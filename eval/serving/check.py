@@ -219,9 +219,11 @@ def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new) -> int |
     and written there. None: the drafter alone was best, so there is no hybrid to serve."""
     from headstart.eval.stage.prompts import chat_ids
     from headstart.eval.tuning.lookup_rule import tune_lookup_rule
-    from headstart.models.checkpoint import read_decoding, write_decoding
+    from headstart.models.decoding import read_decoding, write_decoding
+    from headstart.vllm_runner import on_gpu
 
-    record = read_decoding(drafter_dir) or {}
+    # the greedy record for the device vLLM serves from here (the rule is kept in it, replacing only it)
+    record = read_decoding(drafter_dir, greedy=True, device="cuda" if on_gpu() else "cpu") or {}
     rule = record.get("lookup_rule")
     if not rule or rule.get("k") != k:
         if not questions:
@@ -302,13 +304,16 @@ def serve_check(
     min_match); `suffix`: vLLM's suffix decoding (arctic-inference) beside `ngram`."""
     from headstart.eval.stage.prompts import chat_ids
     from headstart.models.backbone import BackboneConfig, load_backbone
-    from headstart.models.checkpoint import LoadedDrafter, load_drafter, read_decoding, read_meta
+    from headstart.models.checkpoint import LoadedDrafter, load_drafter, read_meta
+    from headstart.models.decoding import pick, read_decodings
     from headstart.models.export.card import tuned_k
     from headstart.vllm_runner import on_gpu
 
     meta = read_meta(drafter_dir)
+    # the record for this use: greedy, on the device vLLM serves from here; the report names it
+    picked = pick(read_decodings(drafter_dir), greedy=True, device="cuda" if on_gpu() else "cpu")
     if not k:  # the K the exports are written for (vLLM Medusa folders ship only that many heads)
-        k = tuned_k({"decoding": read_decoding(drafter_dir)}, 3)
+        k = tuned_k({"decoding": picked.record if picked else None}, 3)
     layouts = export_layouts(drafter_dir, meta, out / "export")
     compute = serving_dtype(dtype)  # one dtype for vLLM and ours: the comparison is of engines, not kernels
     backbone = load_backbone(BackboneConfig(**{**meta["backbone"], "dtype": compute.dtype}))
@@ -348,6 +353,7 @@ def serve_check(
         "timing": "interleaved",  # every engine alive, each prompt on each in turn (eval/serving/side_by_side.py)
         "prompts": len(prompts),
         "k": k,
+        "decoding_record": picked.note if picked else None,  # where k came from (none: given or the default)
         "max_new_tokens": max_new,
         "dtype": compute.dtype,
         "dtype_choice": compute.record(),

@@ -97,7 +97,28 @@ def to_markdown(report: dict) -> str:
     ]
     if report.get("tuner_k") is not None:
         lines[-1] += f"; the tuner had predicted K = {report['tuner_k']} from headstart's decoder costs."
+    if report.get("decoding_record"):
+        lines += ["", f"The drafter's {report['decoding_record']}."]
     return "\n".join(lines) + "\n"
+
+
+def measured_entry(summary: dict, chosen: int, mode: str, device, drafter_dir: Path, tuner: dict) -> dict:
+    """decoding.json's `vllm` entry for the K vLLM chose, keeping the tuner's own prediction under `tuner`."""
+    from headstart.eval.tuning.records import device_name
+    from headstart.models.checkpoint import weights_signature
+
+    best = summary["by_k"][chosen]
+    return {
+        "num_speculative_tokens": chosen,
+        "source": "vllm",
+        "tokens_per_step": best["tau"],
+        "speedup": best["speedup"],
+        "vllm_engine": mode,
+        "device_name": device_name(device),  # what the tuner keeps it for, with the weights
+        "weights": weights_signature(drafter_dir),
+        "sweep": {str(k): v for k, v in summary["by_k"].items()},
+        "tuner": tuner.get("tuner", tuner),  # the tuner's own prediction, kept
+    }
 
 
 def sweep(
@@ -112,9 +133,10 @@ def sweep(
     """Serve the drafter's vLLM layout at each K in `ks` beside plain vLLM on the first turns `questions`;
     the report dict (also OUT/vllm_k.{json,md}). `write`: store the chosen K in the drafter's decoding.json."""
     from headstart.eval.stage.prompts import chat_ids
-    from headstart.eval.tuning.tuner import device_name
     from headstart.models.backbone import BackboneConfig, eos_token_ids, load_backbone
-    from headstart.models.checkpoint import read_decoding, read_meta, weights_signature, write_decoding
+    from headstart.models.checkpoint import read_meta
+    from headstart.models.decoding import pick, read_decodings, write_decodings
+    from headstart.vllm_runner import on_gpu
 
     if not ks or min(ks) < 1:
         raise ValueError(f"K sweep {ks}: give one or more chain lengths >= 1, e.g. --ks 1,2,3")
@@ -124,7 +146,10 @@ def sweep(
         raise ValueError(
             f"K sweep {ks}: these Medusa heads draft at most {heads} tokens. Fix: --ks 1..{heads}"
         )
-    record = read_decoding(drafter_dir)
+    # the greedy record for the device vLLM serves from here: the one whose K this sweep measures and replaces
+    records = read_decodings(drafter_dir)
+    picked = pick(records, greedy=True, device="cuda" if on_gpu() else "cpu")
+    record = picked.record if picked else None
     layouts = [lay for lay in export_layouts(drafter_dir, meta, out / "export") if lay.required]
     if not layouts:
         raise VllmError(f"{drafter_dir}: its method ({meta['method']}) has no layout vLLM serves")
@@ -152,22 +177,12 @@ def sweep(
         chosen = choose(summary)
         v = (record or {}).get("vllm", {})
         tuner_k = v.get("tuner", v).get("num_speculative_tokens")
-        written = False
-        if write and record is not None:
-            best = summary["by_k"][chosen]
-            record["vllm"] = {
-                "num_speculative_tokens": chosen,
-                "source": "vllm",
-                "tokens_per_step": best["tau"],
-                "speedup": best["speedup"],
-                "vllm_engine": mode,
-                "device_name": device_name(backbone.device),  # what the tuner keeps it for, with the weights
-                "weights": weights_signature(drafter_dir),
-                "sweep": {str(k): v for k, v in summary["by_k"].items()},
-                "tuner": record["vllm"].get("tuner", record["vllm"]),  # the tuner's own prediction, kept
-            }
-            write_decoding(drafter_dir, record)
-            written = True
+        written = write and record is not None
+        if written:  # `record` is one of `records`, updated in place
+            record["vllm"] = measured_entry(
+                summary, chosen, mode, backbone.device, drafter_dir, record["vllm"]
+            )
+            write_decodings(drafter_dir, records)
         report = {
             "checkpoint": str(drafter_dir),
             "layout": lay.name,
@@ -178,6 +193,7 @@ def sweep(
             "chosen": chosen,
             "tuner_k": tuner_k,
             "written": written,
+            "decoding_record": picked.note if picked else None,
         }
         out.mkdir(parents=True, exist_ok=True)
         (out / "vllm_k.json").write_text(json.dumps(report, indent=1))

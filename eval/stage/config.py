@@ -43,8 +43,9 @@ class EvalConfig:
     dtype: str = "auto"
     max_cache_len: int = 2048  # KV-cache length: every turn's full conversation + its answer must fit
     # The proposer options below: all unset (null) on a medusa / eagle checkpoint = the tuner's choice
-    # (`tuner`, eval/tuning/tuner.py: measured on this device, saved as <checkpoint>/decoding.json); any one set = the
-    # user's options, the rest at the proposer's defaults. Each proposer declares and checks the ones it takes
+    # (`tuner`, eval/tuning/tuner.py: measured on this device on its own tuning prompts, kept as this condition's
+    # record in <checkpoint>/decoding.json; plain decoding when nothing pays); any one set = the user's options,
+    # the rest at the proposer's defaults. Each proposer declares and checks the ones it takes
     # (eval/engine/proposers/: MedusaOptions, EagleOptions, DraftOptions, PromptLookupOptions); one it does not
     # take is refused.
     # prompt_lookup / draft: tokens proposed per step; eagle: tree depth. null = the proposer's default (4; eagle:

@@ -26,7 +26,9 @@ from headstart.eval.scoring.measure import score_prompts
 from headstart.eval.scoring.score import GenOpts, aggregate, check_fits
 from headstart.eval.stage.config import EvalConfig
 from headstart.eval.stage.prompts import PromptSet, chat_ids, load_prompts
-from headstart.eval.tuning.tuner import decoding_report, load_or_tune, probe_ids
+from headstart.eval.tuning.prompts import normalise, probe_prompts, refuse_overlap
+from headstart.eval.tuning.records import Tuned, decoding_report, load_or_tune
+from headstart.eval.tuning.tuner import Use
 from headstart.hardware import DtypeChoice, announce, machine_facts, resolve_dtype
 from headstart.models import registry
 from headstart.models.backbone import Backbone, BackboneConfig, load_backbone
@@ -117,23 +119,34 @@ class Evaluator:
             options["draft_backbone"] = self.backbone(dcfg)
         loaded = LoadedDrafter(*load_drafter(ckpt, backbone, meta), ckpt) if uses_drafter else None
         weights = for_decoding(loaded.drafter, backbone.device, cfg.draft_weights) if loaded else None
-        tuned = None
-        if loaded is not None and not user:
-            ids = probe_ids(self.prompts, backbone, cfg.tuner.probe_prompts)
-            tuned = load_or_tune(
-                method, backbone, loaded, ids, cfg.tuner, cfg.timing.threads, cfg.lookup_tokens
-            )
-            options |= tuned["decoder"] if tuned else {}
-        # lookup_tokens: on the tree chosen above (for it); the decoder refuses a tree-less method
-        decoder = build_decoder(method, backbone, loaded, max_cache_len=cfg.max_cache_len,
-                                lookup_tokens=cfg.lookup_tokens, **options)  # fmt: skip
+        tuned = self.tune(method, backbone, loaded) if loaded is not None and not user else None
         settings = {
             "source": "tuner" if tuned else "user" if user else "default",
             "options": user,
             "tuner": tuned,
             "draft_weights": weights,
         }
+        if tuned and tuned.plain:  # nothing pays here: the drafter's side decodes plainly, branch included
+            return Side(
+                method, Decoder(backbone, VANILLA, max_cache_len=cfg.max_cache_len), settings, out_dir
+            )
+        options |= tuned.record["decoder"] if tuned else {}
+        # lookup_tokens: on the tree chosen above (for it); the decoder refuses a tree-less method
+        decoder = build_decoder(method, backbone, loaded, max_cache_len=cfg.max_cache_len,
+                                lookup_tokens=cfg.lookup_tokens, **options)  # fmt: skip
         return Side(method, decoder, settings, out_dir)
+
+    def tune(self, method: str, backbone: Backbone, loaded: LoadedDrafter) -> Tuned | None:
+        """The tuner's record for this eval's condition, chosen on the tuning prompts (refused when they
+        include a scored prompt) and never one tuned on the scored prompts; None with tuner.mode=off."""
+        cfg = self.cfg
+        if cfg.tuner.mode == "off":
+            return None
+        probe = probe_prompts(cfg.tuner.prompts, backbone, cfg.tuner.probe_prompts)
+        refuse_overlap(probe, self.prompts)
+        scored = {normalise(t) for p in self.prompts.prompts for t in p.turns}
+        use = Use(cfg.temperature, cfg.top_p, cfg.lookup_tokens)
+        return load_or_tune(method, backbone, loaded, probe, cfg.tuner, use, scored)
 
     def evaluate(
         self, ckpt: Path, meta: dict, out_dir: Path, baselines: tuple[str, ...] = (), drafter: bool = True
@@ -214,10 +227,18 @@ class Evaluator:
             len(p.turns) for p in self.prompts.prompts
         )
         settings = side.settings
-        if cfg.lookup_tokens and not side.baseline:  # steps the branch added nodes / gave the accepted path,
-            # over every decode of the run (warm-up and timing rounds included)
+        plain = settings.get("tuner") is not None and settings["tuner"].plain
+        if cfg.lookup_tokens and not side.baseline and not plain:  # steps the branch added nodes / gave the
+            # accepted path, over every decode of the run (warm-up and timing rounds included)
             settings["lookup_branch"] = {"tokens": cfg.lookup_tokens, **side.decoder.proposer.counts}
         report["decoding"] = decoding_report(settings, report, per_turn)
+        if plain:  # the headline: the drafter was not used, and why
+            d = report["decoding"]
+            report["headline"] = (
+                f"Speculation does not pay here: plain decoding chosen ({d['choice_reason']}; record: "
+                f"{d['record']}). The drafter's figures are plain decoding against itself."
+            )
+            log.warning("%s: %s", target.ckpt, report["headline"])
         figures = write_report(side.out_dir, report, records)
         log.info("%s (%s): tau %.3f, speedup %.3fx %s", ckpt, method, report["tau"] or 0,
                  report["speedup"] or 0, report["speedup_ci"])  # fmt: skip

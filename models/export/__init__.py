@@ -5,13 +5,17 @@ speculators), draft.py (a plain HF causal LM); card.py writes the cards, hub.py 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from headstart.models import registry
-from headstart.models.checkpoint import read_decoding, read_meta, resolve_checkpoint
+from headstart.models.checkpoint import read_meta, resolve_checkpoint
+from headstart.models.decoding import pick, read_decodings
 from headstart.models.export.card import THIS_REPO, find_report
 from headstart.models.export.hub import check_hub_access, push_folder
 from headstart.models.export.serve_card import append_serve_check, find_serve_check
+
+log = logging.getLogger("headstart.export")
 
 
 def vllm_serving(method: registry.Method) -> dict[str, tuple[str, bool]]:
@@ -33,17 +37,24 @@ def export(
     push: str | None = None,
     private: bool = False,
     license: str | None = None,
+    serving_device: str = "cuda",
 ) -> list[Path]:
     """Write `layouts` (empty: every layout of the checkpoint's method) under `out`; push each folder to the
     Hub repo `push` (suffixed with the folder name when there are several). `license`: the cards' license
-    (the base model's; `other` when not given)."""
+    (the base model's; `other` when not given). `serving_device`: where the folders will be served (vLLM and
+    SGLang: usually cuda), whose greedy decoding.json record sets vLLM's K."""
     drafter_dir = resolve_checkpoint(Path(checkpoint))
     # what the cards add: the license, and vLLM's figures when the serve check ran (eval/serve_check.py); the
-    # tuner's decoding settings (decoding.json, eval/tuning/tuner.py) set vLLM's K and the cards' serving snippets
+    # tuner's record for greedy decoding on the serving device (decoding.json, models/decoding.py) sets vLLM's K
+    # and the cards' serving snippets, and the card names that record
+    picked = pick(read_decodings(drafter_dir), greedy=True, device=serving_device)
+    if picked:
+        log.info("export: %s", picked.note)
     meta = {
         **read_meta(drafter_dir),
         "card": {"license": license, "serve_check": find_serve_check(drafter_dir)},
-        "decoding": read_decoding(drafter_dir),
+        "decoding": picked.record if picked else None,
+        "decoding_note": picked.note if picked else None,
     }
     method = registry.get(meta["method"])
     layouts = list(layouts or method.layouts)

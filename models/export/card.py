@@ -118,7 +118,7 @@ def eval_results(report: dict | None, serve_check: dict | None, served: str) -> 
 
 
 def tuned(meta: dict) -> dict | None:
-    """The checkpoint's decoding.json (the tuner's choice, eval/tuning/tuner.py) as `export` put it in meta, or None."""
+    """The decoding.json record `export` picked for its use (models/decoding.py `pick`) as put in meta, or None."""
     return meta.get("decoding")
 
 
@@ -133,6 +133,15 @@ def tuned_lines(meta: dict) -> list[str]:
     if not rec:
         return []
     c, v = rec.get("conditions", {}), rec["vllm"]
+    which = (
+        ["", f"Settings from the checkpoint's {meta['decoding_note']}."] if meta.get("decoding_note") else []
+    )
+    if rec.get("choice") == "plain":  # eval/tuning/tuner.py `decide`
+        which += ["", f"There headstart's tuner found speculation not worth it: {rec.get('choice_reason')}."]
+    return which + _k_lines(c, v)
+
+
+def _k_lines(c: dict, v: dict) -> list[str]:
     if v.get("source") == "vllm":  # measured in vLLM itself (eval/serving/k_sweep.py)
         tried = ", ".join(sorted(v.get("sweep", {}), key=int))
         return [

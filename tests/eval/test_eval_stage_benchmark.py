@@ -51,7 +51,8 @@ def test_draft_weights_rows_side_by_side(tmp_path):
     """--draft-weights native,int8: one drafter row each, on the checkpoint's tuned tree with a lookup branch;
     both lossless (float32 greedy == ours vanilla); --no-hf drops the HF rows."""
     from headstart.models.backbone import BackboneConfig, load_backbone
-    from headstart.models.checkpoint import build_drafter, save_drafter, write_decoding
+    from headstart.models.checkpoint import build_drafter, save_drafter
+    from headstart.models.decoding import write_decoding
     from headstart.models.eagle_config import Eagle3Config
 
     cfg = BackboneConfig(

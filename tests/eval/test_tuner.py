@@ -1,6 +1,6 @@
 """The decoding tuner (eval/tuning/tuner.py, eval/tuning/speed_model.py): the expected-length model on hand-worked tables, the
 choice under injected costs, acceptance counting, decoding.json, the eval stage's use of it, and the exports'
-K."""
+K. Its records, tuning prompts, thread count and plain choice: tests/eval/test_tuner_records.py."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from headstart.eval.tuning.speed_model import (
     rank,
     speedup_at,
 )
-from headstart.eval.tuning.tuner import acceptance_table, count_path, lookup_steps
-from headstart.models.checkpoint import DECODING_NAME, read_decoding, write_decoding
+from headstart.eval.tuning.tuner import ProbeStep, acceptance_table, count_path, lookup_steps
+from headstart.models.decoding import DECODING_NAME, read_decoding, write_decoding
 from headstart.models.medusa import MedusaConfig, MedusaHeads
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -136,7 +136,7 @@ def test_a_branch_costs_the_mean_of_its_widths_not_the_width_of_its_mean():
 def test_lookup_steps_read_the_probe_as_a_branch_would():
     # an EAGLE-style probe tree: root -> a (10), b (11); a -> c (12); the answer continues 10, 12, 7
     tree, tokens = Tree((-1, 0, 0, 1)), [10, 11, 12]
-    groups = [[(tree, [0, 1, 3], tokens, [10, 12, 99], 2), (tree, [0], tokens, [], 5)]]
+    groups = [[ProbeStep(tree, [0, 1, 3], tokens, [10, 12, 99], 2), ProbeStep(tree, [0], tokens, [], 5)]]
     sequences = [[1, 2, 10, 12, 7, 8, 9]]
     first, second = lookup_steps(groups, sequences)
     assert first == LookupStep(accepted=(0, 0), lookup_accepted=2, chain_in_tree=(0, 0), chain_len=3)
@@ -178,6 +178,26 @@ def ckpt(tmp_path):
 
 
 @pytest.fixture
+def speculation_pays(monkeypatch):
+    """The tuner's timings as on a device where a verify forward of any width costs one step and drafting is
+    nearly free, so that it speculates on the tiny model (on this CPU's real costs it rightly chooses plain
+    decoding: tests/eval/test_tuner_records.py)."""
+    from headstart.eval.tuning import tuner
+
+    real_steps, real_calls = tuner.step_costs, tuner.time_calls
+
+    def flat(backbone, shapes, context, reps):
+        costs = real_steps(backbone, shapes, context, reps)
+        return {w: costs["1"] for w in costs}
+
+    def cheap(calls, reps, device):
+        return {k: t if k == tuner.LOOKUP_KEY else 1e-6 for k, t in real_calls(calls, reps, device).items()}
+
+    monkeypatch.setattr(tuner, "step_costs", flat)
+    monkeypatch.setattr(tuner, "time_calls", cheap)
+
+
+@pytest.fixture
 def prompts(tmp_path):
     path = tmp_path / "prompts.jsonl"
     rows = [{"question_id": i, "category": "c", "turns": [t]} for i, t in enumerate(["Say hi.", "def f(x):"])]
@@ -185,30 +205,34 @@ def prompts(tmp_path):
     return path
 
 
-def _eval(ckpt, prompts, out, **kw):
+def _eval(ckpt, prompts, out, tuner: dict | None = None, **kw):
+    """One eval of the tiny checkpoint; the tuner plans for one thread unless `tuner` says otherwise."""
     from headstart.eval.stage.config import EvalConfig
     from headstart.eval.stage.evaluate import run
     from headstart.eval.timing.harness import TimingConfig
     from headstart.eval.tuning.tuner import TunerConfig
 
+    tuner = {"reps": 3, "probe_tokens": 16, "threads": 1} | (tuner or {})
     cfg = EvalConfig(checkpoint=str(ckpt), prompts=str(prompts), out_dir=str(out), max_new_tokens=8, device="cpu",
-                     dtype="float32", timing=TimingConfig(budget_s=0, cost_reps=3),
-                     tuner=TunerConfig(reps=3, probe_tokens=16), **kw)  # fmt: skip
+                     dtype="float32", timing=TimingConfig(budget_s=0, cost_reps=3, threads=1),
+                     tuner=TunerConfig(**tuner), **kw)  # fmt: skip
     return run(cfg)
 
 
+@pytest.mark.usefixtures("speculation_pays")
 def test_eval_uses_the_tuned_settings_and_user_options_win(ckpt, prompts, tmp_path):
     report = _eval(ckpt, prompts, tmp_path / "a")
     saved = read_decoding(ckpt)
     d = report["decoding"]
     assert d["source"] == "tuner" and d["reused"] is False and saved is not None
+    assert d["choice"] == saved["choice"] == "speculate" and d["predicted_speedup_steady"] > 1
     assert report["timing"]["verify_width"] == saved["decoder_summary"]["verify_width"]
     assert d["predicted_speedup"] > 0 and d["ratio"] == pytest.approx(
         d["measured_speedup"] / d["predicted_speedup"]
     )
     assert "## Decoding settings" in (tmp_path / "a" / "report.md").read_text()
     # a decoding.json measured here is reused as it is: a hand-edited tree is what the decoder gets
-    write_decoding(ckpt, {**saved, "decoder": {"tree": [[0], [1], [2]]}})
+    write_decoding(ckpt, {**saved, "choice": "speculate", "decoder": {"tree": [[0], [1], [2]]}})
     report = _eval(ckpt, prompts, tmp_path / "b")
     assert report["decoding"]["reused"] is True and report["timing"]["verify_width"] == 4
     # the user's option wins and is recorded as the user's
@@ -223,6 +247,7 @@ def test_eval_uses_the_tuned_settings_and_user_options_win(ckpt, prompts, tmp_pa
         TunerConfig(mode="sometimes")
 
 
+@pytest.mark.usefixtures("speculation_pays")
 def test_a_lookup_branch_rides_on_the_tuned_tree(ckpt, prompts, tmp_path):
     """lookup_tokens does not turn the tuner off: the tree is the tuner's, the branch is added on top, and the
     report's decoding section says so; a method without a tree refuses it in one line."""
@@ -246,7 +271,9 @@ def test_a_lookup_branch_rides_on_the_tuned_tree(ckpt, prompts, tmp_path):
     plain = _eval(ckpt, prompts, tmp_path / "b")["decoding"]
     assert "lookup_branch" not in plain and plain["reused"] is False  # off by default
     assert read_decoding(ckpt)["lookup_tokens"] == 0
-    assert _eval(ckpt, prompts, tmp_path / "c", lookup_tokens=3)["decoding"]["reused"] is False
+    # each keeps its own record: the branch's choice is still there for the next eval with the branch
+    again = _eval(ckpt, prompts, tmp_path / "c", lookup_tokens=3)["decoding"]
+    assert again["reused"] is True and again["options"] == d["options"]
     for kw, match in [
         ({"draft_weights": "int4"}, "draft_weights='int4'"),
         ({"draft_weights": "int8", "device": "cuda"}, "draft_weights=int8 with device=cuda.*Fix"),
@@ -268,6 +295,10 @@ def test_exports_write_the_tuned_k(ckpt, tmp_path):
     assert config["num_heads"] == 1  # the 2-head checkpoint ships its first head: vLLM drafts one per head
     card = (folder / "README.md").read_text()
     assert '"num_speculative_tokens": 1' in card and "first 1 of the 2 trained heads" in card
+    # exports are served on a GPU by default: with only a CPU record the card says it used the nearest
+    assert (
+        "no decoding.json record for greedy on cuda; using the nearest: temperature not recorded, cpu" in card
+    )
     from safetensors.torch import load_file
 
     assert not any(k.startswith("blocks.1.") for k in load_file(folder / "model.safetensors"))

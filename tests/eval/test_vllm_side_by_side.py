@@ -11,7 +11,7 @@ from contextlib import ExitStack
 import pytest
 
 from headstart.eval.serving import side_by_side as il
-from headstart.models.checkpoint import read_decoding, write_decoding
+from headstart.models.decoding import read_decoding, read_decodings, write_decoding
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -179,7 +179,12 @@ def _tuner_record(k: int = 3) -> dict:
 def test_the_k_sweep_serves_every_k_side_by_side_and_keeps_the_fastest(medusa_ckpt, fake_vllm, tmp_path):
     from headstart.eval.serving.k_sweep import sweep
 
-    write_decoding(medusa_ckpt, _tuner_record(k=3))
+    sampled = _tuner_record(k=1)
+    sampled["conditions"] = {"device": "cpu", "temperature": "sampled"}
+    write_decoding(medusa_ckpt, sampled)  # another condition's record: the sweep (greedy) leaves it alone
+    write_decoding(
+        medusa_ckpt, _tuner_record(k=3) | {"conditions": {"device": "cpu", "temperature": "greedy"}}
+    )
     report = sweep(medusa_ckpt, ["Say hi.", "Count to three."], tmp_path / "k", [1, 2, 3], max_new=30)
     # one plain engine and one per K, all started before the timing, sharing the memory
     assert len(fake_vllm.started) == 4 and fake_vllm.started[0].get("speculative_config") is None
@@ -199,8 +204,10 @@ def test_the_k_sweep_serves_every_k_side_by_side_and_keeps_the_fastest(medusa_ck
     saved = read_decoding(medusa_ckpt)["vllm"]
     assert saved["num_speculative_tokens"] == 2 and saved["source"] == "vllm"
     assert saved["tuner"]["num_speculative_tokens"] == 3 and set(saved["sweep"]) == {"1", "2", "3"}
+    assert read_decodings(medusa_ckpt)[0] == sampled
     md = (tmp_path / "k" / "vllm_k.md").read_text()
     assert "Chosen: K = 2 (written to decoding.json); the tuner had predicted K = 3" in md
+    assert "The drafter's decoding.json record for greedy on cpu: greedy, cpu" in md
     assert json.loads((tmp_path / "k" / "vllm_k.json").read_text())["chosen"] == 2
 
 
@@ -230,16 +237,16 @@ def test_no_decoding_json_reports_without_writing(medusa_ckpt, fake_vllm, tmp_pa
 
 
 def test_the_tuner_keeps_a_k_vllm_measured_for_the_same_weights_and_device():
-    from headstart.eval.tuning.tuner import measured_k
+    from headstart.eval.tuning.records import measured_k
 
     new = {"conditions": {"weights": "w1", "device_name": "cpu-x"}, "vllm": {"num_speculative_tokens": 3}}
     old = {"vllm": {"num_speculative_tokens": 2, "source": "vllm", "weights": "w1", "device_name": "cpu-x"}}
-    kept = measured_k(old, new)
+    kept = measured_k([old], new)
     assert kept["num_speculative_tokens"] == 2 and kept["tuner"] == {"num_speculative_tokens": 3}
-    assert measured_k({"vllm": {**old["vllm"], "weights": "w2"}}, new) is None  # retrained heads
-    assert measured_k({"vllm": {**old["vllm"], "device_name": "gpu"}}, new) is None  # another device
-    assert measured_k({"vllm": {"num_speculative_tokens": 2}}, new) is None  # the tuner's own prediction
-    assert measured_k(None, new) is None
+    assert measured_k([{"vllm": {**old["vllm"], "weights": "w2"}}], new) is None  # retrained heads
+    assert measured_k([{"vllm": {**old["vllm"], "device_name": "gpu"}}], new) is None  # another device
+    assert measured_k([{"vllm": {"num_speculative_tokens": 2}}], new) is None  # the tuner's own prediction
+    assert measured_k([], new) is None
 
 
 # ---------------------------------------------------------------- the serve check's flow
@@ -249,9 +256,15 @@ def test_the_serve_check_starts_every_engine_first_and_interleaves(medusa_ckpt, 
     from headstart.eval.serving.check import serve_check
 
     questions = ["Say hi.", "Count to three.", "Name a colour.", "Add 2 and 2."]
-    report = serve_check(
-        medusa_ckpt, questions, tmp_path / "sc", k=2, max_new=12, categories=["a", "a", "b", "b"]
+    # K from the record for its use (greedy, on this CPU), not the sampled one written after it
+    write_decoding(
+        medusa_ckpt, _tuner_record(k=2) | {"conditions": {"device": "cpu", "temperature": "greedy"}}
     )
+    write_decoding(
+        medusa_ckpt, _tuner_record(k=1) | {"conditions": {"device": "cpu", "temperature": "sampled"}}
+    )
+    report = serve_check(medusa_ckpt, questions, tmp_path / "sc", max_new=12, categories=["a", "a", "b", "b"])
+    assert report["decoding_record"].startswith("decoding.json record for greedy on cpu: greedy, cpu")
     # vLLM plain, the Medusa vLLM layout and ngram, alive together
     kinds = [(s.get("speculative_config") or {}).get("method") for s in fake_vllm.started]
     assert kinds == [None, "medusa", "ngram"] and all(

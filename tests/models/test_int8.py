@@ -91,7 +91,8 @@ def test_int8_drafters_decode_losslessly(backbone, method):
 
 
 def test_a_decoding_json_is_reused_only_for_the_weights_it_was_tuned_with(backbone):
-    from headstart.eval.tuning.tuner import VERSION, conditions, matches
+    from headstart.eval.tuning.records import conditions, matches
+    from headstart.eval.tuning.tuner import VERSION
     from headstart.models.checkpoint import LoadedDrafter
 
     loaded = LoadedDrafter(build_drafter("eagle3", Eagle3Config(draft_vocab_size=259), backbone), {}, None)

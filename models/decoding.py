@@ -1,0 +1,136 @@
+"""A drafter's `decoding.json`: the decoding settings the tuner (eval/tuning/) chose, one record per condition
+it was tuned under, so that a greedy eval, a sampled eval, a CPU and a GPU each keep their own choice instead of
+the last one overwriting the others.
+
+The file is `{"format": 2, "records": [record, ...]}`. A record is what the tuner writes (the decoder's options,
+vLLM's K, costs, acceptance) with `conditions`: temperature class (greedy / sampled), device and its name, dtype,
+CPU threads, how the drafter's layers were stored (native / int8), the weights' signature, plus the record's
+`version` and `lookup_tokens` (the prompt-lookup branch it was chosen for). Two records with the same of these
+are the same condition: writing one replaces the other; any other record is kept. A file written before
+(a single record at the top level) reads as a list of that one record and is rewritten in this format on the
+next write.
+
+Readers that serve the drafter (exports, the serve check, bench-decode) pick the record for their use with
+`pick` (greedy or sampled, on a device) and say which record they used (`Picked.note`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DECODING_NAME = "decoding.json"
+FORMAT = 2  # 2: {"format", "records": [...]}; a bare record at the top level is the first format
+# what makes two records the same condition (besides version and lookup_tokens)
+CONDITION_KEYS = ("temperature", "device", "device_name", "dtype", "threads", "draft_weights", "weights")
+GREEDY, SAMPLED, UNKNOWN = (
+    "greedy",
+    "sampled",
+    "unknown",
+)  # UNKNOWN: a record written before the class was kept
+
+
+def temperature_class(temperature: float) -> str:
+    return GREEDY if temperature == 0 else SAMPLED
+
+
+def condition_of(record: dict) -> tuple:
+    """The condition a record was tuned under: its version, lookup branch and `CONDITION_KEYS`."""
+    c = {"draft_weights": "native", "temperature": UNKNOWN, **record.get("conditions", {})}  # older records
+    return (record.get("version"), record.get("lookup_tokens", 0), *(c.get(k) for k in CONDITION_KEYS))
+
+
+def describe(record: dict) -> str:
+    """One line naming the condition a record was tuned under (for reports, cards and logs)."""
+    c = {"temperature": UNKNOWN, "draft_weights": "native", **record.get("conditions", {})}
+    where = f"{c.get('device')}" + (f" ({c['device_name']})" if c.get("device_name") else "")
+    threads = f", {c['threads']} threads" if c.get("threads") else ""
+    branch = f", lookup branch {record['lookup_tokens']}" if record.get("lookup_tokens") else ""
+    temp = c["temperature"] if c["temperature"] != UNKNOWN else "temperature not recorded"
+    return (
+        f"{temp}, {where}, {c.get('dtype')}{threads}, {c['draft_weights']} drafter{branch}, "
+        f"v{record.get('version')}"
+    )
+
+
+def _records_of(data) -> list[dict]:
+    if isinstance(data, dict) and isinstance(data.get("records"), list):
+        return [r for r in data["records"] if isinstance(r, dict) and "decoder" in r]
+    if isinstance(data, dict) and "decoder" in data:  # the first format: one record, migrated on reading
+        return [data]
+    return []
+
+
+def read_decodings(path: str | Path) -> list[dict]:
+    """Every record in the folder's decoding.json (oldest first); [] when absent or unreadable."""
+    try:
+        data = json.loads((Path(path) / DECODING_NAME).read_text())
+    except (OSError, ValueError):
+        return []
+    return _records_of(data)
+
+
+def write_decodings(path: str | Path, records: list[dict]) -> Path:
+    """Write decoding.json atomically (a temporary sibling renamed over it: readers see the old or the new)."""
+    final = Path(path) / DECODING_NAME
+    tmp = final.with_name(f"{DECODING_NAME}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps({"format": FORMAT, "records": records}, indent=2))
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return final
+
+
+def write_decoding(path: str | Path, record: dict) -> Path:
+    """Add `record` to the folder's decoding.json: it replaces the record of the same condition, and records
+    measured on other weights are dropped (no eval can match them again); every other record stays."""
+    weights = record.get("conditions", {}).get("weights")
+    key = condition_of(record)
+    kept = [
+        r
+        for r in read_decodings(path)
+        if condition_of(r) != key
+        and (weights is None or r.get("conditions", {}).get("weights") in (None, weights))
+    ]
+    return write_decodings(path, kept + [record])
+
+
+@dataclass
+class Picked:
+    """The record chosen for a use, whether it was tuned for exactly that use, and a sentence saying which."""
+
+    record: dict
+    exact: bool
+    note: str
+
+
+def pick(records: list[dict], greedy: bool = True, device: str | None = None) -> Picked | None:
+    """The record for decoding greedily (or sampled) on `device` (a device type: cpu, cuda; None: any): the
+    newest of that temperature class on that device, else the nearest (same class first, then same device,
+    then a record whose class was not recorded), said in `note`. None when there is no record."""
+    if not records:
+        return None
+    want = GREEDY if greedy else SAMPLED
+
+    def score(i: int) -> tuple:
+        c = {"temperature": UNKNOWN, **records[i].get("conditions", {})}
+        same_dev = device is None or c.get("device") == device
+        return (c["temperature"] == want, same_dev, c["temperature"] == UNKNOWN, i)
+
+    best = max(range(len(records)), key=score)
+    record = records[best]
+    exact = score(best)[:2] == (True, True)
+    use = f"{want}" + (f" on {device}" if device else "")
+    note = f"decoding.json record for {use}: {describe(record)}"
+    if not exact:
+        note = f"no decoding.json record for {use}; using the nearest: {describe(record)}"
+    return Picked(record, exact, note)
+
+
+def read_decoding(path: str | Path, greedy: bool = True, device: str | None = None) -> dict | None:
+    """The record `pick` chooses for this use from the folder's decoding.json, None without one."""
+    picked = pick(read_decodings(path), greedy, device)
+    return picked.record if picked else None

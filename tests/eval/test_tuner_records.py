@@ -1,0 +1,257 @@
+"""The tuner's records and what it tunes on: one decoding.json record per condition (models/decoding.py,
+eval/tuning/records.py), tuning prompts apart from the scored ones (eval/tuning/prompts.py), the thread count as
+a setting rather than the load at start, and plain decoding chosen when no setting pays."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+from headstart.eval.engine.proposers.base import Setting
+from headstart.eval.engine.tree import chain_tree
+from headstart.eval.timing import harness
+from headstart.eval.tuning import tuner as tuner_module
+from headstart.eval.tuning.records import planned_threads
+from headstart.eval.tuning.tuner import PLAIN, SPECULATE, TunerConfig, decide
+from headstart.models.decoding import (
+    DECODING_NAME,
+    condition_of,
+    pick,
+    read_decoding,
+    read_decodings,
+    write_decoding,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _rec(temp: str | None, device: str, tree, version: int = 4, **extra) -> dict:
+    cond = {"device": device, "dtype": "float32", "threads": 2, "weights": "w1"}
+    cond |= {"temperature": temp} if temp else {}
+    return {"version": version, "decoder": {"tree": tree}, "conditions": cond, **extra}
+
+
+# ---------------------------------------------------------------- the file: records by condition
+
+
+def test_records_add_per_condition_and_replace_only_their_own(tmp_path):
+    greedy, sampled = _rec("greedy", "cpu", [[0]]), _rec("sampled", "cpu", [[0], [1]])
+    write_decoding(tmp_path, greedy)
+    write_decoding(tmp_path, sampled)
+    assert read_decodings(tmp_path) == [greedy, sampled]  # the sampled eval did not overwrite the greedy one
+    newer = _rec("greedy", "cpu", [[1]])
+    write_decoding(tmp_path, newer)  # the same condition: replaced, the other kept
+    assert read_decodings(tmp_path) == [sampled, newer]
+    assert json.loads((tmp_path / DECODING_NAME).read_text())["format"] == 2
+    # retrained weights: records of the old weights can never match again and are dropped
+    retrained = _rec("greedy", "cpu", [[2]])
+    retrained["conditions"]["weights"] = "w2"
+    write_decoding(tmp_path, retrained)
+    assert read_decodings(tmp_path) == [retrained]
+
+
+def test_a_single_record_file_still_reads_and_migrates_on_the_next_write(tmp_path):
+    old = {"version": 3, "decoder": {"tree": [[0]]}, "conditions": {"device": "cpu", "weights": "w1"}}
+    (tmp_path / DECODING_NAME).write_text(json.dumps(old))
+    assert read_decodings(tmp_path) == [old] and read_decoding(tmp_path) == old
+    assert condition_of(old)[2:4] == ("unknown", "cpu")  # its temperature class was never recorded
+    write_decoding(tmp_path, _rec("greedy", "cpu", [[1]]))
+    data = json.loads((tmp_path / DECODING_NAME).read_text())
+    assert data["format"] == 2 and [r["version"] for r in data["records"]] == [3, 4]
+
+
+def test_readers_pick_the_record_for_their_use_and_say_which():
+    cpu_greedy, gpu_greedy = _rec("greedy", "cpu", [[0]]), _rec("greedy", "cuda", [[0], [1]])
+    cpu_sampled, legacy = _rec("sampled", "cpu", [[1]]), _rec(None, "cpu", [[2]], version=3)
+    records = [cpu_greedy, gpu_greedy, cpu_sampled, legacy]
+    p = pick(records, greedy=True, device="cuda")
+    assert (
+        p.record is gpu_greedy and p.exact and p.note.startswith("decoding.json record for greedy on cuda:")
+    )
+    assert pick(records, greedy=True, device="cpu").record is cpu_greedy
+    assert pick(records, greedy=False, device="cpu").record is cpu_sampled
+    # no sampled record on cuda: the sampled one elsewhere before a greedy one on the device, and said
+    p = pick(records, greedy=False, device="cuda")
+    assert (
+        p.record is cpu_sampled
+        and not p.exact
+        and p.note.startswith("no decoding.json record for sampled on cuda")
+    )
+    # only a record whose class was not kept: used, named as such
+    p = pick([legacy], greedy=True, device="cpu")
+    assert p.record is legacy and not p.exact and "temperature not recorded" in p.note
+    assert pick([], greedy=True) is None
+
+
+# ---------------------------------------------------------------- the decision to speculate
+
+
+def _ranked(*speedups: float) -> list:
+    return [(Setting({"tree": [[0]]}, chain_tree(1), "d"), {"speedup": s}) for s in speedups]
+
+
+def test_plain_is_chosen_when_nothing_is_predicted_faster_and_said():
+    choice, reason = decide(_ranked(0.93, 0.8))
+    assert choice == PLAIN and "no setting is predicted faster than plain decoding" in reason
+    assert "best of 2" in reason and "0.930x" in reason
+    assert decide(_ranked(1.0))[0] == PLAIN  # as fast is not faster: nothing to gain
+    assert decide(_ranked(1.2, 0.9)) == (SPECULATE, "predicted 1.200x over plain decoding")
+
+
+# ---------------------------------------------------------------- the eval stage (tiny backbone)
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    """A fresh 2-head Medusa checkpoint on a tiny backbone whose drafts are sometimes accepted."""
+    from headstart.models.backbone import BackboneConfig, load_backbone
+    from headstart.models.checkpoint import build_drafter, save_drafter
+    from headstart.models.medusa import MedusaConfig
+
+    cfg = BackboneConfig(
+        name="tiny", path="tiny", dtype="float32", tiny={"seed": 3, "initializer_range": 0.2}
+    )
+    bb, mcfg = load_backbone(cfg), MedusaConfig(num_heads=2)
+    return save_drafter(tmp_path / "drafter", build_drafter("medusa", mcfg, bb), "medusa", mcfg, cfg, bb)
+
+
+def _prompts(path, texts):
+    rows = [{"question_id": i, "category": "c", "turns": [t]} for i, t in enumerate(texts)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+@pytest.fixture
+def scored(tmp_path):
+    return _prompts(tmp_path / "scored.jsonl", ["Say hi.", "def f(x):"])
+
+
+@pytest.fixture
+def tuning(tmp_path):
+    return _prompts(tmp_path / "tuning.jsonl", ["Count to five.", "Name a colour.", "class A:"])
+
+
+def _eval(ckpt, prompts, out, tuning=None, tuner: dict | None = None, timing_threads: int = 1, **kw):
+    """One eval of the tiny checkpoint, tuned on `tuning` (default: the shipped tuning prompts) for one thread
+    unless `tuner` says otherwise; the timing on `timing_threads` (0: the harness's own choice)."""
+    from headstart.eval.stage.config import EvalConfig
+    from headstart.eval.stage.evaluate import run
+    from headstart.eval.timing.harness import TimingConfig
+
+    tuner = (
+        {"reps": 3, "probe_tokens": 16, "threads": 1}
+        | ({"prompts": str(tuning)} if tuning else {})
+        | (tuner or {})
+    )
+    cfg = EvalConfig(checkpoint=str(ckpt), prompts=str(prompts), out_dir=str(out), max_new_tokens=8, device="cpu",
+                     dtype="float32", timing=TimingConfig(budget_s=0, cost_reps=3, threads=timing_threads),
+                     tuner=TunerConfig(**tuner), **kw)  # fmt: skip
+    return run(cfg)
+
+
+def test_two_temperatures_leave_two_records_and_each_reuses_its_own(ckpt, scored, tuning, tmp_path):
+    greedy = _eval(ckpt, scored, tmp_path / "g1", tuning)["decoding"]
+    sampled = _eval(ckpt, scored, tmp_path / "s1", tuning, temperature=0.7)["decoding"]
+    assert greedy["reused"] is False and sampled["reused"] is False
+    records = read_decodings(ckpt)
+    assert [r["conditions"]["temperature"] for r in records] == ["greedy", "sampled"]
+    assert records[1]["sampling"] == {"temperature": 0.7, "top_p": 1.0}
+    # the sampled probe measures acceptance at its temperature (the heads' table is a greedy figure)
+    assert records[1]["acceptance"]["source"] == "measured"
+    again_g = _eval(ckpt, scored, tmp_path / "g2", tuning)["decoding"]
+    again_s = _eval(ckpt, scored, tmp_path / "s2", tuning, temperature=0.7)["decoding"]
+    assert again_g["reused"] is True and again_g["record"] == greedy["record"]
+    assert again_s["reused"] is True and again_s["record"] == sampled["record"]
+    assert again_g["record"].startswith("greedy, cpu") and again_s["record"].startswith("sampled, cpu")
+    assert len(read_decodings(ckpt)) == 2
+    md = (tmp_path / "s2" / "report.md").read_text()
+    assert f"- tuner record: {sampled['record']} (reused from decoding.json; probe on 3 prompts of" in md
+
+
+def test_tuning_on_scored_prompts_is_refused_and_never_reused_for_them(ckpt, scored, tuning, tmp_path):
+    from headstart.eval.errors import EvalError
+
+    with pytest.raises(EvalError, match=r"tuner.prompts=.*scored.jsonl shares 2 of its 2 probe prompts.*Fix"):
+        _eval(ckpt, scored, tmp_path / "a", scored)
+    # overlap by text, whatever the file: the same prompt with other spacing in another file
+    _prompts(tmp_path / "copy.jsonl", ["Name a colour.", "Say   hi. "])
+    with pytest.raises(EvalError, match="shares 1 of its 2 probe prompts"):
+        _eval(ckpt, scored, tmp_path / "b", tmp_path / "copy.jsonl")
+    # a record tuned on prompts this eval now scores is not reused: it is tuned again on the tuning set
+    first = _eval(ckpt, scored, tmp_path / "c", tuning)["decoding"]
+    assert first["reused"] is False and first["tuning_prompts"] == {"file": str(tuning), "n": 3}
+    swapped = _eval(ckpt, tuning, tmp_path / "d", scored)["decoding"]
+    assert swapped["reused"] is False and swapped["tuning_prompts"]["file"] == str(scored)
+
+
+def test_the_default_tuning_prompts_share_nothing_with_the_default_scored_ones():
+    from headstart.eval.stage.config import DEFAULT_PROMPTS
+    from headstart.eval.stage.prompts import load_prompts
+    from headstart.eval.tuning.prompts import DEFAULT_TUNING_PROMPTS, normalise, shared_texts
+
+    assert TunerConfig().prompts == DEFAULT_TUNING_PROMPTS != DEFAULT_PROMPTS
+    texts = [normalise(t) for p in load_prompts(DEFAULT_TUNING_PROMPTS).prompts for t in p.turns]
+    assert len(texts) >= TunerConfig().probe_prompts
+    assert shared_texts(texts, load_prompts(DEFAULT_PROMPTS)) == []
+
+
+@pytest.fixture
+def two_threads():
+    """torch's count as on an idle 2-core machine (the module otherwise runs on one thread)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_a_busy_machine_at_start_does_not_change_the_tree(ckpt, scored, tuning, tmp_path, monkeypatch):
+    """tuner.threads=0 plans for torch's count (the machine's cores): a busy start (mocked load) neither
+    re-tunes nor changes the choice the idle machine made, while the timing harness still picks its own count
+    for the timing."""
+    monkeypatch.setattr(harness, "usable_cores", lambda: 2)
+    monkeypatch.setattr(harness, "busy_cores", lambda *a: 0.0)
+    idle = _eval(ckpt, scored, tmp_path / "idle", tuning, tuner={"threads": 0, "probe_prompts": 2})
+    monkeypatch.setattr(harness, "busy_cores", lambda *a: 1.9)  # another job holds nearly both cores
+    assert planned_threads(TunerConfig()) == 2 and harness.choose_threads(0) == 1
+    torch.set_num_threads(2)  # choose_threads set it: back to torch's count, as a fresh process has it
+    busy = _eval(
+        ckpt, scored, tmp_path / "busy", tuning, tuner={"threads": 0, "probe_prompts": 2}, timing_threads=0
+    )
+    assert idle["decoding"]["planned_threads"] == busy["decoding"]["planned_threads"] == 2
+    assert busy["decoding"]["reused"] is True and busy["decoding"]["options"] == idle["decoding"]["options"]
+    assert busy["timing"]["conditions"]["threads_chosen"] == 1  # the timing's own policy, load-aware
+    assert len(read_decodings(ckpt)) == 1
+
+
+def test_when_nothing_pays_plain_decoding_is_chosen_said_and_decoded(
+    ckpt, scored, tuning, tmp_path, monkeypatch, caplog
+):
+    """Every width above 1 made 100x dearer than one token: no setting is predicted >= 1x, so the record says
+    plain, the eval decodes plainly (tau 1) and the report's headline and the log say so in one line."""
+    real = tuner_module.step_costs
+
+    def dear(backbone, shapes, context, reps):
+        return {w: t if int(w) == 1 else 100 * t for w, t in real(backbone, shapes, context, reps).items()}
+
+    monkeypatch.setattr(tuner_module, "step_costs", dear)
+    with caplog.at_level(logging.WARNING, logger="headstart.eval"):
+        report = _eval(ckpt, scored, tmp_path / "a", tuning, lookup_tokens=2)
+    d = report["decoding"]
+    assert d["choice"] == PLAIN and d["options"] == {} and d["declined_options"]["verify_width"] > 1
+    assert d["predicted_speedup"] == 1.0 and d["predicted_speedup_best_setting"] < 1.0
+    assert report["tau"] == pytest.approx(1.0) and report["greedy_matches_vanilla"] == 1.0
+    assert "lookup_branch" not in d  # the branch rides on the tree: no tree, no branch
+    assert report["headline"].startswith(
+        "Speculation does not pay here: plain decoding chosen (no setting is"
+    )
+    md = (tmp_path / "a" / "report.md").read_text()
+    assert (
+        f"**{report['headline']}**" in md and "- plain decoding, the drafter unused (chosen by: tuner)" in md
+    )
+    said = [r.message for r in caplog.records if "speculation does not pay" in r.message]
+    assert len(said) == 1 and "plain decoding chosen" in said[0]
+    assert read_decoding(ckpt)["choice"] == PLAIN
