@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from headstart.models.families import check_backbone, final_softcap, tiny_config
+from headstart.models.gguf_parts import joined_gguf
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PKG_PREFIX = (
@@ -45,6 +46,9 @@ class BackboneConfig:
     # Where converted GGUF checkpoints are cached; empty means $HEADSTART_CACHE or ~/.cache/headstart.
     cache_dir: str = ""
     tiny: dict = field(default_factory=dict)  # overrides for the `tiny` config (tests)
+    # Registry packages (`name==version`, in order) whose chunks join into the .gguf file `path` names; the
+    # joined file lives under ${cache_dir}/gguf (models/gguf_parts.py). Empty: `path` is the model itself.
+    parts: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -193,6 +197,8 @@ def load_backbone(cfg: BackboneConfig, device: torch.device | str = "cpu") -> Ba
         model.to(cfg.torch_dtype)
     else:
         path = resolve_path(cfg.path)
+        if cfg.parts:
+            path = str(joined_gguf(list(cfg.parts), cfg.path, cache_root(cfg)))
         if path.endswith(".gguf"):
             path = str(ensure_gguf_cache(path, cfg))
         elif Path(path).expanduser().exists():
