@@ -178,7 +178,7 @@ def looks_local(path: str) -> bool:
 
 
 def load_backbone(cfg: BackboneConfig, device: torch.device | str = "cpu") -> Backbone:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     if cfg.path == "tiny":
         from headstart.models.tiny import tiny_tokenizer
@@ -193,6 +193,7 @@ def load_backbone(cfg: BackboneConfig, device: torch.device | str = "cpu") -> Ba
             config = tiny_config(family, len(tokenizer), **overrides)
         config.pad_token_id = tokenizer.pad_token_id
         config.eos_token_id = tokenizer.eos_token_id
+        check_backbone(config, cfg.attn_implementation)
         model = AutoModelForCausalLM.from_config(config, attn_implementation=cfg.attn_implementation)
         model.to(cfg.torch_dtype)
     else:
@@ -210,16 +211,23 @@ def load_backbone(cfg: BackboneConfig, device: torch.device | str = "cpu") -> Ba
             )
         kw = dict(revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
         try:
+            config = AutoConfig.from_pretrained(path, **kw)
+        except (OSError, ValueError) as e:
+            raise BackboneError(
+                f"backbone {cfg.path!r} could not be loaded: {e}. Fix: give a Hub id, a local folder with "
+                "config.json and weights, or a .gguf file as backbone.path"
+            ) from e
+        check_backbone(config, cfg.attn_implementation)  # before the weights: a family we cannot serve
+        try:
             tokenizer = AutoTokenizer.from_pretrained(path, **kw)
             model = AutoModelForCausalLM.from_pretrained(
-                path, dtype=cfg.torch_dtype, attn_implementation=cfg.attn_implementation, **kw
+                path, config=config, dtype=cfg.torch_dtype, attn_implementation=cfg.attn_implementation, **kw
             )
         except (OSError, ValueError) as e:
             raise BackboneError(
                 f"backbone {cfg.path!r} could not be loaded: {e}. Fix: give a Hub id, a local folder with "
                 "config.json and weights, or a .gguf file as backbone.path"
             ) from e
-    check_backbone(model.config, cfg.attn_implementation)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return Backbone(model.to(device), tokenizer, name=cfg.name)
