@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from headstart.models.families import check_backbone, final_softcap, tiny_config
+from headstart.models.families import check_backbone, final_softcap, softcap, tiny_config
 from headstart.models.gguf_parts import joined_gguf
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -279,9 +279,7 @@ class Backbone(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The model's next-token logits from final hidden states (..., H) -> (..., V): lm_head, then the soft cap
         c * tanh(logits / c) of the families that have one (what HF's ForCausalLM forward applies)."""
-        logits = self.lm_head(hidden)
-        cap = self.final_softcap
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        return softcap(self.lm_head(hidden), self.final_softcap)
 
     @property
     def embed_tokens(self) -> nn.Embedding:

@@ -110,6 +110,13 @@ def final_softcap(config) -> float | None:
     return getattr(config, "final_logit_softcapping", None) or None
 
 
+def softcap(logits, cap: float | None):
+    """c * tanh(logits / c): Gemma-2's final soft cap (identity when `cap` is None). Differentiable."""
+    import torch
+
+    return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
 def check_layer_types(config) -> None:
     """Refuse, in one line, layers the decoder's KV cache and masks cannot serve (recurrent or chunked state)."""
     name = getattr(config, "model_type", type(config).__name__)

@@ -1,7 +1,10 @@
 """What the families need, piece by piece: the sliding-window part of a tree mask on a hand-worked case, Gemma-2's
-final soft cap in `Backbone.logits` (== HF's forward), and the one-line refusals at load."""
+final soft cap in `Backbone.logits` (== HF's forward) and in the EAGLE and DistillSpec targets, and the one-line
+refusals at load."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -9,7 +12,17 @@ from transformers import LlamaConfig
 
 from headstart.eval.engine.masks import WindowMasks
 from headstart.models.backbone import BackboneConfig, load_backbone
-from headstart.models.families import FULL, SLIDING, FamilyError, check_backbone, layer_windows, tiny_config
+from headstart.models.distill import DistillConfig, distill_loss, divergence
+from headstart.models.eagle_ttt import teacher_targets
+from headstart.models.families import (
+    FULL,
+    SLIDING,
+    FamilyError,
+    check_backbone,
+    layer_windows,
+    softcap,
+    tiny_config,
+)
 
 
 def tiny(family: str, **kw):
@@ -75,3 +88,35 @@ def test_linear_attention_layers_refused_at_load():
 def test_unknown_tiny_family_names_the_choices():
     with pytest.raises(FamilyError, match="one of .*gemma2"):
         tiny_config("falcon", 259)
+
+
+def test_eagle_targets_go_through_the_soft_cap():
+    """Logits [100, 0] capped at 30: 30 tanh(10/3) = 29.92, so the second token keeps e^-29.92 of the mass
+    (e^-100 without the cap)."""
+    target, weight = torch.tensor([[1.0]]), torch.tensor([[100.0], [0.0]])
+    probs, top = teacher_targets(target, weight, chunk=4, dtype=torch.float64, cap=30.0)
+    assert top.tolist() == [0]
+    assert probs[0, 1].item() == pytest.approx(1 / (1 + math.exp(30 * math.tanh(10 / 3))), rel=1e-6)
+    uncapped, _ = teacher_targets(target, weight, chunk=4, dtype=torch.float64)
+    assert uncapped[0, 1].item() == pytest.approx(math.exp(-100), rel=1e-6)
+
+
+def test_distill_loss_with_caps_equals_the_unchunked_capped_divergence():
+    """The chunked loss (and its gradients) == the divergence of the capped logits computed directly."""
+    g = torch.Generator().manual_seed(0)
+    h_s = (torch.randn(5, 8, generator=g) * 3).requires_grad_(True)
+    h_t = torch.randn(5, 8, generator=g) * 3
+    student, teacher = torch.nn.Linear(8, 11, bias=False), torch.nn.Linear(8, 11, bias=False)
+    with torch.no_grad():
+        student.weight.mul_(20)
+        teacher.weight.mul_(20)  # logits past the caps, so capping matters
+    cfg = DistillConfig(loss_chunk=2)
+    loss, _, _ = distill_loss(h_s, student, h_t, teacher, cfg, caps=(5.0, 7.0))
+    (grad,) = torch.autograd.grad(loss, h_s)
+    h2 = h_s.detach().clone().requires_grad_(True)
+    want = divergence(softcap(student(h2), 5.0), softcap(teacher(h_t), 7.0), cfg).sum()
+    want.backward()
+    torch.testing.assert_close(loss, want.float())
+    torch.testing.assert_close(grad, h2.grad)
+    uncapped, _, _ = distill_loss(h_s, student, h_t, teacher, cfg)
+    assert abs(uncapped.item() - loss.item()) > 1e-3
