@@ -120,3 +120,28 @@ def test_distill_loss_with_caps_equals_the_unchunked_capped_divergence():
     torch.testing.assert_close(grad, h2.grad)
     uncapped, _, _ = distill_loss(h_s, student, h_t, teacher, cfg)
     assert abs(uncapped.item() - loss.item()) > 1e-3
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2", "gemma3", "phi3"])
+def test_fixed_shape_path_applies_the_windows(family):
+    """The path CUDA graphs replay (static buffers, the whole cache attended, write slots as a tensor), run
+    eagerly on CPU, on windowed families: the window is computed from the slot tensor, not from `length`."""
+    from headstart.eval.engine.decoder import Decoder
+    from headstart.models.checkpoint import build_drafter
+    from headstart.models.medusa import MedusaConfig
+
+    bb = tiny(family, initializer_range=0.1)
+    heads = build_drafter("medusa", MedusaConfig(num_heads=3), bb)
+    # a short cache: the fixed-shape path attends over all of it at every step
+    vanilla, dec = Decoder(bb, max_cache_len=64), Decoder(bb, "medusa", heads, max_cache_len=64)
+    vanilla.runner.cuda_graphs = dec.runner.cuda_graphs = True
+    for text in ("the cat sat on the mat. the cat sat on the", "abc abc abc abc abc"):
+        prompt = bb.tokenizer(text)["input_ids"]
+        ids = list(prompt)
+        with torch.no_grad():
+            for _ in range(16):
+                ids.append(int(bb.model(torch.tensor([ids])).logits[0, -1].argmax()))
+        ref = ids[len(prompt) :]
+        assert vanilla.generate(prompt, 16, eos_token_ids=[]).tokens == ref
+        assert dec.generate(prompt, 16, eos_token_ids=[]).tokens == ref
+    assert dec.runner._graphs  # the fixed-shape path really ran
