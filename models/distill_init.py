@@ -140,5 +140,5 @@ def build(cfg: DistillConfig, target: Backbone, meta: dict | None = None) -> Dis
 
         draft = _from_config(AutoConfig.for_model(**meta["draft_config"]), _attn(target.model))
     drafter = DistillDrafter(cfg, draft)
-    drafter.attach_teacher_head(target.lm_head)
+    drafter.attach_teacher_head(target.lm_head, target.final_softcap)
     return drafter

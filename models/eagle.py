@@ -100,9 +100,10 @@ class EagleDrafter(DrafterBase):
             self.register_buffer("token_map", torch.arange(cfg.draft_vocab_size))  # draft id -> target id
             self._rows = RowCache()
         self._frozen: list[nn.Module] = []  # [embed_tokens, lm_head] of the backbone: not registered/saved
+        self._softcap: float | None = None  # the backbone's final logit soft cap (Gemma-2), for the targets
 
-    def attach(self, embed: nn.Module, lm_head: nn.Module) -> None:
-        self._frozen = [embed, lm_head]
+    def attach(self, embed: nn.Module, lm_head: nn.Module, softcap: float | None = None) -> None:
+        self._frozen, self._softcap = [embed, lm_head], softcap
 
     def set_vocab_map(self, d2t: torch.Tensor, t2d: torch.Tensor, init_from_lm_head: bool = True) -> None:
         with torch.no_grad():
@@ -289,7 +290,9 @@ class EagleDrafter(DrafterBase):
         need[:, :-1] = labels[:, 1:] != -100  # (B, T)
         index = need.flatten().cumsum(0).view_as(need) - 1  # (B, T) row of position j in the table
         w_t = self._frozen[1].weight[self.draft_ids()] if self.v3 else w_s
-        probs, top = teacher_targets(target[need], w_t, self.cfg.loss_chunk, compute_dtype(target))
+        probs, top = teacher_targets(
+            target[need], w_t, self.cfg.loss_chunk, compute_dtype(target), self._softcap
+        )
         x, at, segment, weight, counts = [], [], [], [], []
         for s, h in enumerate(hs):  # every step's rows through one projection call (cast once, one grad)
             rows = shifted(labels, s + 1, -100) != -100  # (B, T-1): token t+2+s is trained
@@ -368,5 +371,5 @@ def _argmax(x: torch.Tensor, weight: torch.Tensor, chunk: int) -> torch.Tensor:
 def build(cfg, backbone, meta: dict | None = None) -> EagleDrafter:
     """An EAGLE-1 (EagleConfig) or EAGLE-3 (Eagle3Config) drafter reading `backbone`'s embeddings and lm_head."""
     drafter = EagleDrafter(cfg, backbone.config, backbone.vocab_size)
-    drafter.attach(backbone.embed_tokens, backbone.lm_head)
+    drafter.attach(backbone.embed_tokens, backbone.lm_head, backbone.final_softcap)
     return drafter.to(device=backbone.device)

@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from headstart.models.families import softcap
+
 ATTENTION = "headstart_eagle"  # the draft layer's attn_implementation
 
 
@@ -66,13 +68,14 @@ AttentionInterface.register(ATTENTION, eagle_attention)
 
 @torch.no_grad()
 def teacher_targets(
-    target: torch.Tensor, weight: torch.Tensor, chunk: int, dtype: torch.dtype
+    target: torch.Tensor, weight: torch.Tensor, chunk: int, dtype: torch.dtype, cap: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """target (N, H) the backbone's final normed features, weight (Dv, H) its lm_head rows of the draft
     vocabulary -> (probs (N, Dv) in `dtype`, renormalised over those rows; top (N,) their argmax). Chunked:
-    one chunk's logits at a time, never an (N, V) fp32 tensor."""
+    one chunk's logits at a time, never an (N, V) fp32 tensor. `cap`: the backbone's final logit soft cap
+    (Gemma-2), applied before the softmax as the target's own forward does."""
     w = weight.to(dtype)
     probs = torch.empty(target.shape[0], w.shape[0], dtype=dtype, device=target.device)
     for s in range(0, target.shape[0], chunk):
-        probs[s : s + chunk] = torch.softmax(target[s : s + chunk].to(dtype) @ w.T, -1)
+        probs[s : s + chunk] = torch.softmax(softcap(target[s : s + chunk].to(dtype) @ w.T, cap), -1)
     return probs, probs.argmax(-1)

@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from headstart.models.families import check_layer_types
+
 
 class CacheFullError(ValueError):
     """A prompt (plus the tokens to generate) that does not fit the preallocated cache."""
@@ -70,22 +72,15 @@ class PreallocLayer(CacheLayerMixin):
         return self.keys.shape[-2]
 
 
-def _check_supported(config) -> None:
-    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
-    if kinds != {"full_attention"}:
-        raise NotImplementedError(
-            f"KVCache supports full-attention decoders only; this model has layer types {sorted(kinds)}. "
-            "Fix: use a Llama/Qwen/Mistral-style backbone without sliding-window or linear-attention layers"
-        )
-
-
 class KVCache(Cache):
     """Preallocated cache for batch size 1. Pass it as `cache=` to the HF model; the decoder owns `length`."""
 
     def __init__(
         self, config, max_cache_len: int, dtype: torch.dtype, device: torch.device | str = "cpu"
     ) -> None:
-        _check_supported(config)
+        # every slot is kept (no rolling window buffer): sliding-window layers read all keys and their masks hide
+        # the ones out of the window (HF's masks for plain steps, eval/engine/masks.py for trees)
+        check_layer_types(config)
         n_layers = config.num_hidden_layers
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

@@ -16,15 +16,17 @@ import warnings
 import torch
 
 from headstart.eval.engine.kv_cache import CacheFullError, KVCache
+from headstart.eval.engine.masks import WindowMasks
 from headstart.eval.engine.tree import Tree, chain_tree
 
 
 class ModelRunner:
     def __init__(self, backbone, max_cache_len: int, cuda_graphs: bool = False) -> None:
         self.body = backbone.model.model  # HF base model: embeddings -> decoder layers -> final norm
-        self.lm_head = backbone.lm_head
+        self.logits = backbone.logits  # lm_head, then the final soft cap of the families with one
         self.device, self.dtype = backbone.device, backbone.dtype
         self.cache = KVCache(backbone.config, max_cache_len, self.dtype, self.device)
+        self.windows = WindowMasks(backbone.config)  # sliding-window layers: their part of a tree mask
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"  # fixed-shape steps, see module doc
         self._masks: dict[int, tuple[torch.Tensor, int]] = {}  # eager: width -> (mask buffer, tree column)
         self._graphs: dict[tuple[int, bool], GraphedStep | None] = {}
@@ -41,11 +43,16 @@ class ModelRunner:
             )
 
     def _forward(self, ids, pos, mask, last_only: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        if mask is not None:  # HF uses a 4-D mask as given: sliding-window layers need their window applied
+            q, start = ids.shape[1], self.cache.length
+            slots = self.cache.slots
+            slots = torch.arange(start, start + q, device=self.device) if slots is None else slots
+            mask = self.windows(mask, pos[0], slots)
         out = self.body(
             input_ids=ids, position_ids=pos, attention_mask=mask, cache=self.cache, use_cache=True
         )
         hidden = out.last_hidden_state[0]  # (q, H)
-        return hidden, self.lm_head(hidden[-1:] if last_only else hidden)  # (q or 1, V)
+        return hidden, self.logits(hidden[-1:] if last_only else hidden)  # (q or 1, V)
 
     def prefill(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Append `ids` after the cached prefix (eager, any length). -> last hidden (H,), last logits (V,)."""

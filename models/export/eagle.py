@@ -172,7 +172,7 @@ def read_layout(folder: Path, backbone) -> EagleDrafter:
     else:
         cfg = Eagle3Config(aux_layers=aux, draft_vocab_size=config["draft_vocab_size"])
     d = EagleDrafter(cfg, backbone.config, backbone.vocab_size)
-    d.attach(backbone.embed_tokens, backbone.lm_head)
+    d.attach(backbone.embed_tokens, backbone.lm_head, backbone.final_softcap)
     written = config.get("transformer_layer_config", config)
     ours = _llama_config(d)
     for key in ("rope_theta", "rope_scaling", "hidden_size", "head_dim"):
