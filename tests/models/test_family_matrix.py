@@ -27,7 +27,6 @@ from headstart.models.registry import get
 from headstart.train.config import register_configs, to_job
 from headstart.train.loop import train
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "eval"))
 from test_decoder_lossless import OracleProposer  # noqa: E402
 
