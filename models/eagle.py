@@ -289,7 +289,7 @@ class EagleDrafter(DrafterBase):
         valid = batch["attention_mask"][:, 1:].bool()  # (B, T-1)
         steps = 1 if not self.v3 else self.cfg.ttt_steps
         trained = [_shifted(labels, s + 1, -100) != -100 for s in range(steps)]  # (B, T-1): token t+2+s
-        skip = self.v3 and self.cfg.skip_prompt_rows and steps > 1
+        skip = self.v3 and self.cfg.skip_prompt_rows  # (ttt_steps >= 2: the config checks)
         order = pack_rows(torch.stack(trained[1:]).any(0)) if skip else None  # (B, L) rows steps 1.. train
         hs = self.unroll(g, ids[:, 1:], valid, steps, lambda s: _shifted(ids, s, 0), order)
         # The teacher's distribution at position j is trained wherever token j+1 is labelled; step s's row t

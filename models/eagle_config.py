@@ -74,6 +74,11 @@ class Eagle3Config:
         loss_mix(self)
         if not 1 <= self.ttt_steps <= 16 or not 0 < self.decay <= 1:
             raise ValueError("method.ttt_steps must be in 1..16 and method.decay in (0, 1]")
+        if self.ttt_steps == 1 and (self.griffin_mask or self.skip_prompt_rows):
+            raise ValueError(
+                "method.griffin_mask / method.skip_prompt_rows act on training-time-test steps 1..: with "
+                "method.ttt_steps=1 there are none. Fix: ttt_steps >= 2, or leave both false"
+            )
         if self.aux_layers and len(self.aux_layers) != 3:
             raise ValueError(f"method.aux_layers={self.aux_layers}: EAGLE-3 fuses exactly 3 layers (or [])")
         if self.draft_vocab_size < 1 or not 0 <= self.min_coverage <= 1:

@@ -67,10 +67,10 @@ def test_skipping_prompt_rows_gives_the_same_loss_metrics_and_gradients(backbone
         torch.testing.assert_close(ga[k], gb[k], rtol=1e-5, atol=1e-7)
 
 
-def test_skipping_prompt_rows_with_one_step_is_the_plain_step(backbone):
-    batch = _batch()
-    on = _run(backbone, Eagle3Config(ttt_steps=1, draft_vocab_size=64, skip_prompt_rows=True), batch)[1]
-    torch.testing.assert_close(on, _run(backbone, Eagle3Config(ttt_steps=1, draft_vocab_size=64), batch)[1])
+def test_step_options_refuse_a_single_step():
+    for option in ("griffin_mask", "skip_prompt_rows"):
+        with pytest.raises(ValueError, match="ttt_steps >= 2"):
+            Eagle3Config(ttt_steps=1, **{option: True})
 
 
 def test_skipping_prompt_rows_runs_fewer_rows(backbone, monkeypatch):
