@@ -43,8 +43,9 @@ from headstart.models.draft_vocab import (
 )
 from headstart.models.drafter import DrafterBase
 from headstart.models.eagle_config import Eagle3Config, EagleConfig, draft_layer_config, resolve_aux_layers
-from headstart.models.eagle_ttt import smooth_l1_sum, teacher_targets
+from headstart.models.eagle_ttt import pack_rows, smooth_l1_sum, teacher_targets
 from headstart.models.feature_cache import cached_layers
+from headstart.models.losses import griffin_alive, loss_mix
 
 __all__ = ["Eagle3Config", "EagleConfig", "EagleDrafter"]
 
@@ -158,10 +159,13 @@ class EagleDrafter(DrafterBase):
         """EAGLE-3: 3 x (..., H) target layers -> (..., H); EAGLE-1: the final feature itself."""
         return self.fc(torch.cat(feats, -1)) if self.v3 else feats[-1]
 
-    def body(self, feat, tokens, positions, mask=None, cache=None, ttt_valid=None) -> torch.Tensor:
+    def body(
+        self, feat, tokens, positions, mask=None, cache=None, ttt_valid=None, ttt_rows=None
+    ) -> torch.Tensor:
         """feat (B, T, H), tokens (B, T) target ids, positions (B, T), and either a mask (B, 1, T, S) (bool or
         additive; None = causal over T) or `ttt_valid` (B, T) bool for a training-time-test step (the cache
-        then holds the earlier steps; see models/eagle_ttt.py) -> the layer's output hidden (B, T, H)
+        then holds the earlier steps; `ttt_rows` (B, T) their step-0 positions when a step runs on a subset
+        of the rows; see models/eagle_ttt.py) -> the layer's output hidden (B, T, H)
         (EAGLE-1: the predicted feature)."""
         dtype = self.param_dtype
         emb = self._frozen[0](tokens).to(dtype)  # (B, T, H), frozen
@@ -171,6 +175,8 @@ class EagleDrafter(DrafterBase):
         if ttt_valid is None and mask is None and tokens.shape[1] > 1:
             ttt_valid = torch.ones_like(tokens, dtype=torch.bool)  # plain causal = step 0 of the unroll
         kw = {"attention_mask": mask, "cache": cache, "position_embeddings": pos_emb, "ttt_valid": ttt_valid}
+        if ttt_rows is not None:
+            kw["ttt_rows"] = ttt_rows
         if not self.v3:
             return layer(self.fc(torch.cat([emb, feat], -1)), **kw)  # (B, T, H)
         x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(feat)], -1)  # (B, T, 2H)
@@ -237,33 +243,40 @@ class EagleDrafter(DrafterBase):
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.layer_config)
 
-    def unroll(self, g, tokens, valid, steps: int, next_tokens) -> list[torch.Tensor]:
+    def unroll(self, g, tokens, valid, steps: int, next_tokens, order=None) -> list[torch.Tensor]:
         """Training-time test over rows t: g (B, T, H) step-0 features, tokens (B, T), valid (B, T) bool;
-        step s runs at positions t + s with step s-1's hidden as its feature and `next_tokens(s, h)` as its
-        tokens. -> [h_0, ..., h_{steps-1}], each (B, T, H).
+        step s runs at positions t + s with step s-1's hidden as its feature and `next_tokens(s)` (B, T) as
+        its tokens. -> [h_0, ..., h_{steps-1}]: h_0 (B, T, H); with `order` (B, L) (`pack_rows`: the rows a
+        later step trains) steps 1.. run on those rows only and return (B, L, H), else (B, T, H).
 
         While training, each step's activations are recomputed in backward (`cfg.recompute`): only its
         inputs and the keys/values it appends stay alive, so memory does not grow with the steps' attention
         and MLP activations (~200 MB per step at batch 4 x 512 on SmolLM2)."""
-        pos = torch.arange(g.shape[1], device=g.device)[None]
-        past: tuple[torch.Tensor, ...] = ()  # (keys, values) of the earlier steps, (B, kvh, s T, d)
+        pos = torch.arange(g.shape[1], device=g.device)[None].expand(g.shape[0], -1)  # (B, T)
+        rows = pos if order is None else order  # step-0 position of each row of steps 1..
+        past: tuple[torch.Tensor, ...] = ()  # (keys, values) of the earlier steps, (B, kvh, T + s L, d)
         hs = []
         recompute = self.training and torch.is_grad_enabled() and getattr(self.cfg, "recompute", False)
         for s in range(steps):
+            args = (g, tokens, pos, valid, None, *past)
             if s:
-                g, tokens = hs[-1], next_tokens(s, hs[-1])
-            args = (g, tokens, pos + s, valid, *past)
+                feat = hs[-1]
+                if s == 1 and order is not None:  # step 0's hidden on the kept rows
+                    feat = feat.gather(1, order[..., None].expand(-1, -1, feat.shape[-1]))  # (B, L, H)
+                step_tokens = next_tokens(s)
+                args = (feat, step_tokens if order is None else step_tokens.gather(1, order), rows + s, valid)
+                args = (*args, None if order is None else order, *past)
             h, *past = checkpoint(self._step, *args, use_reentrant=False) if recompute else self._step(*args)
             hs.append(h)
         return hs
 
-    def _step(self, feat, tokens, positions, valid, *past):
+    def _step(self, feat, tokens, positions, valid, rows, *past):
         """One training-time-test step as a pure function of its inputs (checkpointable): -> (h, keys,
         values), the keys/values including this step's rows."""
         cache = self.new_cache()
         if past:
             cache.update(past[0], past[1], 0)
-        h = self.body(feat, tokens, positions, cache=cache, ttt_valid=valid)
+        h = self.body(feat, tokens, positions, cache=cache, ttt_valid=valid, ttt_rows=rows)
         return h, cache.layers[0].keys, cache.layers[0].values
 
     def forward(self, feats: list[torch.Tensor], target: torch.Tensor, batch: dict):
@@ -276,70 +289,85 @@ class EagleDrafter(DrafterBase):
             g = g + (feature_noise(g, batch) - 0.5) * self.cfg.noise
         valid = batch["attention_mask"][:, 1:].bool()  # (B, T-1)
         steps = 1 if not self.v3 else self.cfg.ttt_steps
-
-        def shifted(x, s, fill):  # x[:, 1+s+t] for rows t, `fill` past the end
-            out = x[:, 1 + s :]
-            pad = out.new_full((x.shape[0], s, *x.shape[2:]), fill)
-            return torch.cat([out, pad], 1)
-
-        hs = self.unroll(g, ids[:, 1:], valid, steps, lambda s, h: shifted(ids, s, 0))
-        w_s = self.head_weight()
+        trained = [_shifted(labels, s + 1, -100) != -100 for s in range(steps)]  # (B, T-1): token t+2+s
+        skip = self.v3 and self.cfg.skip_prompt_rows  # (ttt_steps >= 2: the config checks)
+        order = pack_rows(torch.stack(trained[1:]).any(0)) if skip else None  # (B, L) rows steps 1.. train
+        hs = self.unroll(g, ids[:, 1:], valid, steps, lambda s: _shifted(ids, s, 0), order)
         # The teacher's distribution at position j is trained wherever token j+1 is labelled; step s's row t
         # reads position t+1+s. One table for all steps: (positions, Dv) probabilities and their argmax.
         need = torch.zeros_like(labels, dtype=torch.bool)
         need[:, :-1] = labels[:, 1:] != -100  # (B, T)
         index = need.flatten().cumsum(0).view_as(need) - 1  # (B, T) row of position j in the table
-        w_t = self._frozen[1].weight[self.draft_ids()] if self.v3 else w_s
+        w_t = self._frozen[1].weight[self.draft_ids()] if self.v3 else self.head_weight()
         probs, top = teacher_targets(
             target[need], w_t, self.cfg.loss_chunk, compute_dtype(target), self._softcap
         )
-        x, at, segment, weight, counts = [], [], [], [], []
-        for s, h in enumerate(hs):  # every step's rows through one projection call (cast once, one grad)
-            rows = shifted(labels, s + 1, -100) != -100  # (B, T-1): token t+2+s is trained
-            x.append(self.head_input(h[rows]))
-            at.append(shifted(index, s, 0)[rows])  # (N_s,) table rows of positions t+1+s
-            segment.append(torch.full_like(at[-1], s))
-            weight.append(torch.full(at[-1].shape, self.cfg.decay**s if self.v3 else self.cfg.w_tok))
-            counts.append(rows.sum())
-        at, segment = torch.cat(at), torch.cat(segment)
+        x, at = [], []
+        for s, h in enumerate(hs):
+            rows = trained[s] if s == 0 or order is None else trained[s].gather(1, order)  # h's layout
+            x.append(self.head_input(h[rows]))  # the rows in full-layout order either way
+            at.append(_shifted(index, s, 0)[trained[s]])  # (N_s,) table rows of positions t+1+s
         greedy = (
             None if self.training else _argmax(target, self._frozen[1].weight, self.cfg.loss_chunk)
         )  # (B, T)
-        segments = steps
+        oov = None
         if (
             greedy is not None and self.truncated
         ):  # held out: a full-vocabulary argmax outside the map is a miss
             oov = target_to_draft(self.token_map, self.vocab_size)[greedy[need]] < 0  # (table rows,)
-            segment, segments = segment + steps * oov[at].long(), 2 * steps  # those rows: segments steps..
-        loss, seg_loss, hist = linear_soft_cross_entropy(
-            torch.cat(x),
-            w_s,
-            probs,
-            top[at],
-            self.cfg.loss_chunk,
-            at,
-            segment,
-            segments,
-            torch.cat(weight).to(g.device),
-            full_ranks=not self.training,
-        )
-        if segments > steps:  # the loss counts every row; the rank histogram only the draftable ones
-            oov_n = torch.bincount(segment, minlength=segments)[steps:]
-            seg_loss, hist = seg_loss[:steps] + seg_loss[steps:], hist[:steps]
+        loss, seg_loss, hist, oov_n = self._token_loss(x, at, trained, probs, top, oov)
         if not self.v3:  # EAGLE-1: plus the feature regression
-            rows = shifted(labels, 1, -100) != -100
-            loss = loss + self.cfg.w_feat * smooth_l1_sum(hs[0][rows], shifted(target, 0, 0.0)[rows])
-        metrics = {}
-        for s, n in enumerate(counts):
-            metrics |= {f"head{s}/loss_sum": seg_loss[s], f"head{s}/rank_hist": hist[s], f"head{s}/n": n}
-            if segments > steps:
-                metrics[f"head{s}/oov"] = oov_n[s]
-        count = counts[0]
-        if greedy is not None:
-            metrics["sim_tau_sum"] = self.simulated_tau(
-                g, ids, greedy, valid, shifted(labels, 1, -100) != -100
+            loss = loss + self.cfg.w_feat * smooth_l1_sum(
+                hs[0][trained[0]], _shifted(target, 0, 0.0)[trained[0]]
             )
-        return loss, count, metrics
+        metrics = {}
+        for s, rows in enumerate(trained):
+            metrics |= {
+                f"head{s}/loss_sum": seg_loss[s],
+                f"head{s}/rank_hist": hist[s],
+                f"head{s}/n": rows.sum(),
+            }
+            if oov_n is not None:
+                metrics[f"head{s}/oov"] = oov_n[s]
+        if greedy is not None:
+            metrics["sim_tau_sum"] = self.simulated_tau(g, ids, greedy, valid, trained[0])
+        return loss, trained[0].sum(), metrics
+
+    def _token_loss(self, x, at, trained, probs, top, oov):
+        """Every step's rows x[s] (N_s, H) against the teacher's table rows at[s] -> (weighted loss, per-step
+        loss sums, per-step rank histograms, per-step counts of rows whose teacher argmax is outside a
+        truncated vocabulary or None). One projection call for all steps (cast once, one gradient buffer);
+        with GRIFFIN's mask one per step, each step's row weights zeroed where an earlier step missed."""
+        steps, w_s = len(x), self.head_weight()
+        base = [self.cfg.decay**s if self.v3 else self.cfg.w_tok for s in range(steps)]
+        segments, segs = steps, [torch.full_like(a, s) for s, a in enumerate(at)]
+        if oov is not None:  # those rows: segments steps..2 steps-1 (counted in the loss, not the ranks)
+            segments, segs = 2 * steps, [sg + steps * oov[a].long() for sg, a in zip(segs, at)]
+        kw = {"full_ranks": not self.training, "mix": loss_mix(self.cfg)}
+        chunk, device = self.cfg.loss_chunk, x[0].device
+        if not (self.v3 and self.cfg.griffin_mask):
+            weight = torch.cat([torch.full(a.shape, base[s]) for s, a in enumerate(at)]).to(device)
+            at_all = torch.cat(at)
+            loss, seg_loss, hist = linear_soft_cross_entropy(
+                torch.cat(x), w_s, probs, top[at_all], chunk, at_all, torch.cat(segs), segments, weight, **kw
+            )
+        else:
+            alive = torch.ones_like(trained[0])  # (B, T-1) no earlier step missed
+            loss, seg_loss, hist = 0.0, 0, 0
+            for s in range(steps):
+                hits = torch.empty(len(at[s]), dtype=torch.bool, device=device)
+                weight = base[s] * alive[trained[s]].to(torch.float32)
+                parts = linear_soft_cross_entropy(
+                    x[s], w_s, probs, top[at[s]], chunk, at[s], segs[s], segments, weight, hits_out=hits, **kw
+                )
+                loss, seg_loss, hist = loss + parts[0], seg_loss + parts[1], hist + parts[2]
+                hit = torch.zeros_like(alive).masked_scatter_(trained[s], hits)  # (B, T-1)
+                alive = griffin_alive(alive, hit, trained[s])
+        oov_n = None
+        if oov is not None:
+            oov_n = torch.bincount(torch.cat(segs), minlength=segments)[steps:]
+            seg_loss, hist = seg_loss[:steps] + seg_loss[steps:], hist[:steps]
+        return loss, seg_loss, hist, oov_n
 
     @torch.no_grad()
     def simulated_tau(self, g, ids, greedy, valid, rows) -> torch.Tensor:
@@ -359,6 +387,13 @@ class EagleDrafter(DrafterBase):
             total = total + ok.sum()
             feat, tokens = h, draft
         return total
+
+
+def _shifted(x: torch.Tensor, s: int, fill) -> torch.Tensor:
+    """x (B, T, ...) -> (B, T-1, ...): x[:, 1+s+t] for rows t, `fill` past the end."""
+    out = x[:, 1 + s :]
+    pad = out.new_full((x.shape[0], s, *x.shape[2:]), fill)
+    return torch.cat([out, pad], 1)
 
 
 def _argmax(x: torch.Tensor, weight: torch.Tensor, chunk: int) -> torch.Tensor:

@@ -9,6 +9,7 @@ from transformers import LlamaConfig
 
 from headstart.models.eagle_ttt import ATTENTION
 from headstart.models.feature_cache import check_hidden_cache
+from headstart.models.losses import loss_mix
 
 
 @dataclass
@@ -26,8 +27,13 @@ class EagleConfig:  # EAGLE-1/2
     # frequent labelled tokens (`token_map`, models/draft_vocab.py); >= the backbone's vocabulary: the full one
     draft_vocab_size: int = 0
     min_coverage: float = 0.9  # refuse a draft vocabulary that covers less of the labelled tokens than this
+    # The token term's objective (models/losses.py): ce_weight * soft CE + lk_weight * (1 - acceptance)
+    # against the teacher's distribution; 1/0 = EAGLE's soft CE, 0/1 = the LK loss, both > 0 = the hybrid
+    ce_weight: float = 1.0
+    lk_weight: float = 0.0
 
     def __post_init__(self) -> None:
+        loss_mix(self)
         if self.draft_vocab_size < 0 or not 0 <= self.min_coverage <= 1:
             raise ValueError(
                 "method.draft_vocab_size must be >= 0 (0 = full) and method.min_coverage in [0, 1]"
@@ -56,10 +62,23 @@ class Eagle3Config:
     # recompute each TTT step's layer activations in backward: activation memory stops growing with
     # ttt_steps, for one more draft-layer forward per step (the layer is small next to the vocabulary loss)
     recompute: bool = True
+    ce_weight: float = 1.0  # the token objective, as in EagleConfig
+    lk_weight: float = 0.0
+    # GRIFFIN: step s's loss only where steps 0..s-1 drafted the teacher's top token (what serving runs)
+    griffin_mask: bool = False
+    # steps 1.. run only on the rows some step >= 1 trains (not the prompt); step 0 still runs on every row,
+    # whose keys later steps read. Exact: the same loss and gradients, fewer rows through the layer
+    skip_prompt_rows: bool = False
 
     def __post_init__(self) -> None:
+        loss_mix(self)
         if not 1 <= self.ttt_steps <= 16 or not 0 < self.decay <= 1:
             raise ValueError("method.ttt_steps must be in 1..16 and method.decay in (0, 1]")
+        if self.ttt_steps == 1 and (self.griffin_mask or self.skip_prompt_rows):
+            raise ValueError(
+                "method.griffin_mask / method.skip_prompt_rows act on training-time-test steps 1..: with "
+                "method.ttt_steps=1 there are none. Fix: ttt_steps >= 2, or leave both false"
+            )
         if self.aux_layers and len(self.aux_layers) != 3:
             raise ValueError(f"method.aux_layers={self.aux_layers}: EAGLE-3 fuses exactly 3 layers (or [])")
         if self.draft_vocab_size < 1 or not 0 <= self.min_coverage <= 1:

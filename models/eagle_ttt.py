@@ -7,6 +7,11 @@ of step s attends to the step-0 rows <= t and to its own row of steps 1..s (Spec
 so `eagle_attention` scores them with s dot products instead of a (T, (s+1) T) masked matrix: the softmax runs
 over T + s columns, not (s+1) T. The result equals SDPA under `ttt_mask` (tested), at a fraction of the work.
 
+Rows that train nothing after step 0 (the prompt: step s >= 1 of row t is trained only when token t+2+s is
+labelled) are still needed at step 0, whose keys every later row reads, but not after it: `pack_rows` lists
+the rows some later step trains, and steps 1.. run on those alone (`ttt_rows`: each query's step-0 position),
+with the same result on them, since a row of step s >= 1 reads only the step-0 keys and its own.
+
 The teacher's next-token probabilities do not depend on the step: step s's row t is trained on the target's
 distribution at position t + s. `teacher_targets` therefore computes them once per batch, chunk by chunk,
 restricted and renormalised over the draft vocabulary, and the steps index into that (N, Dv) table.
@@ -38,25 +43,46 @@ def ttt_mask(key_valid: torch.Tensor, step: int) -> torch.Tensor:
     return torch.cat([causal | eye] + [eye] * step, dim=-1)[:, None]
 
 
+def step0_mask(key_valid: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """key_valid (B, T) bool, rows (B, L) long: each query's step-0 position -> (B, 1, L, T) bool, True =
+    attend: the valid step-0 keys <= the query's position, and always its own (`ttt_mask`'s first block)."""
+    keys = torch.arange(key_valid.shape[1], device=rows.device)  # (T,)
+    causal = (keys[None, None] <= rows[..., None]) & key_valid[:, None, :]  # (B, L, T)
+    return (causal | (keys[None, None] == rows[..., None]))[:, None]
+
+
+def pack_rows(live: torch.Tensor) -> torch.Tensor:
+    """live (B, T) bool -> (B, L) long, L = the most live rows of any sequence: each sequence's live positions
+    in order, then (as padding, computed and never read) its first other positions. Boolean indexing of a
+    packed tensor by `mask.gather(1, order)` then yields the rows in the order full-layout indexing would."""
+    order = torch.sort((~live).to(torch.int8), dim=1, stable=True).indices  # live first, each in order
+    return order[:, : max(int(live.sum(1).max()), 1)]
+
+
 def eagle_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """The draft layer's attention. With `ttt_valid` ((B, T) bool: which step-0 rows are real tokens) the
-    keys are the training-time-test cache, (s+1) blocks of T rows, and row t attends as `ttt_mask` says;
-    without it, plain SDPA under `attention_mask` (decoding, tree masks)."""
-    valid = kwargs.pop("ttt_valid", None)
+    keys are the training-time-test cache, a block of T step-0 rows then s blocks of the queries' own rows,
+    and row t attends as `ttt_mask` says; `ttt_rows` (B, L) gives each query's step-0 position when a step
+    runs on a subset of the rows (`pack_rows`; default: all T in order). Without `ttt_valid`, plain SDPA
+    under `attention_mask` (decoding, tree masks)."""
+    valid, rows = kwargs.pop("ttt_valid", None), kwargs.pop("ttt_rows", None)
     if valid is None:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    b, heads, t, _ = query.shape  # query (B, h, T, d); key, value (B, kvh, (s+1) T, d)
+    b, heads, n, _ = query.shape  # query (B, h, L, d); key, value (B, kvh, T + s L, d)
+    t = valid.shape[1]
     groups = heads // key.shape[1]
-    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)  # (B, h, (s+1) T, d)
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)  # (B, h, T + s L, d)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    keys, values = key.split(t, 2), value.split(t, 2)  # (s+1) x (B, h, T, d)
-    scores = (query @ keys[0].transpose(-1, -2)) * scale  # (B, h, T, T)
-    scores = scores.masked_fill(~ttt_mask(valid, 0), float("-inf"))
-    own = [(query * k).sum(-1, keepdim=True) * scale for k in keys[1:]]  # s x (B, h, T, 1)
+    blocks = [t] + [n] * ((key.shape[2] - t) // n)
+    keys, values = key.split(blocks, 2), value.split(blocks, 2)  # (B, h, T, d), then s x (B, h, L, d)
+    scores = (query @ keys[0].transpose(-1, -2)) * scale  # (B, h, L, T)
+    mask = ttt_mask(valid, 0) if rows is None else step0_mask(valid, rows)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    own = [(query * k).sum(-1, keepdim=True) * scale for k in keys[1:]]  # s x (B, h, L, 1)
     # softmax accumulates in fp32 inside the kernel; its output in the compute dtype, like flash attention's P
-    probs = torch.softmax(torch.cat([scores, *own], -1), -1)  # (B, h, T, T + s)
+    probs = torch.softmax(torch.cat([scores, *own], -1), -1)  # (B, h, L, T + s)
     out = probs[..., :t] @ values[0]
     for j, v in enumerate(values[1:]):
         out = out + probs[..., t + j, None] * v

@@ -5,6 +5,11 @@ Decoding Heads", Sec. 2.1.1): K heads on the frozen backbone's last hidden state
 
 where head k (k = 0..K-1 here) predicts token t+k+2, i.e. k+1 places beyond the backbone's own next token.
 Loss (Eq. 1): sum_k decay^k * CE_k, computed with the chunked linear cross-entropy (no K x N x V logits).
+Options (models/losses.py): the acceptance-targeted LK objective or its CE hybrid (`ce_weight`, `lk_weight`),
+and `soft_targets`: head k's row t trains on the backbone's own distribution for token t+k+2, i.e. its
+softmax(lm_head(h_{t+k+1})) over the draft vocabulary (Medusa-2's self-distillation on logits), instead of
+the data's hard token. The backbone's hidden state at every position is at hand (online or from the offline
+cache), so the targets cost one no-grad projection per trained position, not another backbone pass.
 
 With `draft_vocab_size` Dv > 0 the heads project onto Dv rows only (the most frequent labelled tokens, chosen
 in `init_from_data`; models/draft_vocab.py): logits are over draft ids, `token_map` (a saved buffer) maps them to
@@ -18,10 +23,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from headstart.models.chunked_ce import linear_cross_entropy
+from headstart.models.chunked_ce import compute_dtype, linear_cross_entropy, linear_soft_cross_entropy
 from headstart.models.draft_vocab import RowCache, select_from_data, target_to_draft
 from headstart.models.drafter import DrafterBase
+from headstart.models.eagle_ttt import teacher_targets
 from headstart.models.feature_cache import cached_layers, check_hidden_cache
+from headstart.models.losses import loss_mix
 
 
 @dataclass
@@ -39,8 +46,16 @@ class MedusaConfig:
     # (>= the backbone's vocabulary: the full one)
     draft_vocab_size: int = 0
     min_coverage: float = 0.9  # refuse a draft vocabulary that covers less of the labelled tokens than this
+    # The token objective (models/losses.py): ce_weight * CE + lk_weight * (1 - acceptance); 1/0 = plain CE,
+    # 0/1 = the LK loss alone, both > 0 = the hybrid
+    ce_weight: float = 1.0
+    lk_weight: float = 0.0
+    # Train head k on the backbone's distribution at position t+k+1 (renormalised over the draft vocabulary)
+    # instead of the data's token t+k+2; the rows trained stay those with a (draftable) label
+    soft_targets: bool = False
 
     def __post_init__(self) -> None:
+        loss_mix(self)
         if not 1 <= self.num_heads <= 16:
             raise ValueError(f"method.num_heads={self.num_heads}: must be in 1..16")
         if not 0 <= self.num_layers <= 8:
@@ -181,7 +196,8 @@ class MedusaHeads(DrafterBase):
         head{k}/n (so it is a miss in top-1/top-5 and the rank histogram) and in head{k}/oov.
         """
         to_draft = target_to_draft(self.token_map, self.vocab_size) if self.truncated else None  # (V,)
-        feats, targets, counts, oov = [], [], [], []
+        table, index = self._teacher(hidden, labels) if self.cfg.soft_targets else (None, None)
+        feats, targets, rows_at, counts, oov = [], [], [], [], []
         for k, block in enumerate(self.blocks):
             shift = k + 2
             target = labels[:, shift:]  # (B, T-shift)
@@ -194,25 +210,9 @@ class MedusaHeads(DrafterBase):
             h = hidden[:, :-shift][valid]  # (N_k, H) only rows that have a (draftable) target
             feats.append(block(h.to(self.blocks_dtype)))
             targets.append(target[valid])
-        full_ranks, chunk = not self.training, self.cfg.loss_chunk
-        if self.lm_heads is None:  # one shared projection: every head's rows in one call (cast once)
-            segment = torch.cat([torch.full_like(t, k) for k, t in enumerate(targets)])
-            weight = torch.cat([torch.full(t.shape, self.cfg.decay**k) for k, t in enumerate(targets)])
-            loss, seg_loss, hist = linear_cross_entropy(
-                torch.cat(feats),
-                self.head_weight(0),
-                torch.cat(targets),
-                chunk,
-                full_ranks,
-                segment,
-                len(targets),
-                weight.to(hidden.device),
-            )
-        else:
-            loss, seg_loss, hist = hidden.new_zeros((), dtype=torch.float32), [], []
-            for k, (f, t) in enumerate(zip(feats, targets)):
-                ce, sl, hk = linear_cross_entropy(f, self.head_weight(k), t, chunk, full_ranks)
-                loss, seg_loss, hist = loss + self.cfg.decay**k * ce, seg_loss + [sl[0]], hist + [hk[0]]
+            if index is not None:  # the teacher's row of position t+k+1 (it predicts token t+k+2)
+                rows_at.append(index[:, shift - 1 : -1][valid])
+        loss, seg_loss, hist = self._project(feats, targets, table, rows_at)
         metrics = {}
         for k, n in enumerate(counts):
             metrics[f"head{k}/loss_sum"] = seg_loss[k].detach()
@@ -222,6 +222,46 @@ class MedusaHeads(DrafterBase):
                 metrics[f"head{k}/oov"] = oov[k]
         count = counts[0]
         return loss, count, metrics
+
+    def _teacher(self, hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Soft targets: the backbone's next-token distribution at each position j >= 1 whose next token is
+        labelled, over the draft vocabulary -> (table (M, Dv), index (B, T) = table row of position j)."""
+        need = torch.zeros_like(labels, dtype=torch.bool)
+        need[:, 1:-1] = labels[:, 2:] != -100  # position 0 feeds no head: head 0 starts at token 2
+        index = need.flatten().cumsum(0).view_as(need) - 1  # (B, T)
+        w = self._shared_lm_head[0].weight
+        w_t = w[self.token_map.to(w.device)] if self.truncated else w  # (Dv, H) the frozen projection
+        probs, _ = teacher_targets(hidden[need], w_t, self.cfg.loss_chunk, compute_dtype(hidden))
+        return probs, index
+
+    def _project(self, feats, targets, table, rows_at):
+        """The heads' features through their vocabulary projections -> (weighted loss, per-head loss sums,
+        per-head rank histograms). Against the hard targets, or the teacher's `table` rows `rows_at` (the
+        hard targets then only ranked, so accuracy keeps meaning agreement with the data)."""
+        full_ranks, chunk, mix, decay = (
+            not self.training,
+            self.cfg.loss_chunk,
+            loss_mix(self.cfg),
+            self.cfg.decay,
+        )
+        device = targets[0].device
+
+        def call(x, w, t, k, **kw):
+            if table is None:
+                return linear_cross_entropy(x, w, t, chunk, full_ranks, mix=mix, **kw)
+            return linear_soft_cross_entropy(x, w, table, t, chunk, k, full_ranks=full_ranks, mix=mix, **kw)
+
+        if self.lm_heads is None:  # one shared projection: every head's rows in one call (cast once)
+            segment = torch.cat([torch.full_like(t, k) for k, t in enumerate(targets)])
+            weight = torch.cat([torch.full(t.shape, decay**k) for k, t in enumerate(targets)]).to(device)
+            at = torch.cat(rows_at) if rows_at else None
+            kw = {"segment": segment, "segments": len(targets), "row_weight": weight}
+            return call(torch.cat(feats), self.head_weight(0), torch.cat(targets), at, **kw)
+        loss, seg_loss, hist = feats[0].new_zeros((), dtype=torch.float32), [], []
+        for k, (f, t) in enumerate(zip(feats, targets)):
+            ce, sl, hk = call(f, self.head_weight(k), t, rows_at[k] if rows_at else None)
+            loss, seg_loss, hist = loss + decay**k * ce, seg_loss + [sl[0]], hist + [hk[0]]
+        return loss, seg_loss, hist
 
 
 def build(cfg: MedusaConfig, backbone, meta: dict | None = None) -> MedusaHeads:

@@ -11,6 +11,11 @@ step = the target's forward under no_grad, then the draft's forward + backward w
 student's (B, T, V) fp32 logits and takes the divergence over them. The draft is the target pruned to
 `--draft-layers` layers, the divergence `--divergence`.
 
+Training options (`--variants eagle3,eagle3_skip,eagle3_lk,eagle3_griffin` or `chunked,chunked_soft_lk`): the
+plain variant with one option on (EAGLE-3's prompt rows skipped after step 0, the LK hybrid, GRIFFIN's mask;
+Medusa's soft targets with the LK hybrid), its speed against the plain one. `--prompt-frac` sets the share of
+unlabelled (prompt) positions at the start of each row.
+
 EAGLE (`--variants eagle3,eagle3_naive,eagle,eagle_naive`): one step = the backbone's forward (the aux layers and
 the final feature, no grad), then the drafter's training-time-test unroll (`--ttt-steps`, 7 as in the EAGLE
 repo and SpecForge) + backward. Ours takes the soft cross-entropy chunk by chunk (models/eagle.py); the naive
@@ -48,7 +53,14 @@ from headstart.hardware import machine_facts, machine_line, resolve_dtype
 VARIANTS = ("chunked", "chunked_shared", "naive")  # the default run: Medusa
 DISTILL_VARIANTS = ("distill", "distill_naive")
 EAGLE_VARIANTS = ("eagle3", "eagle3_naive", "eagle", "eagle_naive")
-ALL_VARIANTS = VARIANTS + DISTILL_VARIANTS + EAGLE_VARIANTS
+# the training options (models/losses.py), each against its plain variant: what the option costs per step
+OPTION_VARIANTS = {
+    "eagle3_skip": ("eagle3", {"skip_prompt_rows": True}),
+    "eagle3_lk": ("eagle3", {"lk_weight": 1.0}),
+    "eagle3_griffin": ("eagle3", {"griffin_mask": True}),
+    "chunked_soft_lk": ("chunked", {"soft_targets": True, "lk_weight": 1.0}),
+}
+ALL_VARIANTS = VARIANTS + DISTILL_VARIANTS + EAGLE_VARIANTS + tuple(OPTION_VARIANTS)
 
 
 def naive_loss(heads, hidden, labels):
@@ -101,7 +113,13 @@ def naive_eagle_loss(eagle, lm_head_weight, draft_ids):
 
 
 def build(args, backbone):
-    """The drafter of the variant's method."""
+    """The drafter of the variant's method (an option variant: its plain variant's, the option set)."""
+    if args.variant in OPTION_VARIANTS:
+        plain, options = OPTION_VARIANTS[args.variant]
+        drafter = build(argparse.Namespace(**{**vars(args), "variant": plain}), backbone)
+        for key, value in options.items():
+            setattr(drafter.cfg, key, value)
+        return drafter
     from headstart.models.checkpoint import build_drafter
     from headstart.models.distill import DistillConfig
     from headstart.models.medusa import MedusaConfig
@@ -132,6 +150,8 @@ def build(args, backbone):
 
 def step_loss(args, backbone, drafter, ids, labels) -> torch.Tensor:
     """One step's loss: the target's forward (no grad), then the drafter's (autocast bf16 as in training)."""
+    if args.variant in OPTION_VARIANTS:  # the plain variant's step
+        args = argparse.Namespace(**{**vars(args), "variant": OPTION_VARIANTS[args.variant][0]})
     if args.variant in EAGLE_VARIANTS:  # the method's own step runs the backbone
         hidden = None
     else:
@@ -169,7 +189,7 @@ def run_variant(args) -> dict:
     opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=1e-4)
     ids = torch.randint(0, backbone.vocab_size, (args.batch, args.seq_len))
     labels = ids.clone()
-    labels[:, : args.seq_len // 4] = -100  # a prompt, as in chat data
+    labels[:, : int(args.seq_len * args.prompt_frac)] = -100  # a prompt, as in chat data
     times = []
     for i in range(args.steps + 1):
         t0 = time.perf_counter()
@@ -207,6 +227,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--prompt-frac", type=float, default=0.25, help="unlabelled share at the start of a row")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--variant", help=argparse.SUPPRESS)  # internal: run one variant in this process
     p.add_argument("--out", help="write the results as JSON here")
@@ -227,6 +248,8 @@ def main() -> None:
     if args.variant:
         print(json.dumps(run_variant(args)))
         return
+    if not 0 <= args.prompt_frac < 1:
+        p.error(f"--prompt-frac {args.prompt_frac}: must be in [0, 1) (the unlabelled share of each row)")
     variants = args.variants.split(",")
     threads = choose_threads(args.threads)  # the children get the same count
     args.dtype = resolve_dtype(
@@ -238,6 +261,7 @@ def main() -> None:
     shared += ["--draft-layers", str(args.draft_layers), "--divergence", args.divergence]
     shared += ["--ttt-steps", str(args.ttt_steps), "--draft-vocab", str(args.draft_vocab)]
     shared += ["--batch", str(args.batch), "--seq-len", str(args.seq_len), "--steps", str(args.steps)]
+    shared += ["--prompt-frac", str(args.prompt_frac)]
     shared += ["--threads", str(threads)]
     results: dict[str, list[dict]] = {v: [] for v in variants}
 
@@ -268,7 +292,9 @@ def main() -> None:
 
 
 def naive_of(v: str) -> str:
-    """The naive baseline a variant is compared with in the same round."""
+    """The baseline a variant is compared with in the same round (an option variant: the plain method)."""
+    if v in OPTION_VARIANTS:
+        return OPTION_VARIANTS[v][0]
     return {"distill": "distill_naive", "eagle3": "eagle3_naive", "eagle": "eagle_naive"}.get(
         v.removesuffix("_naive"), "naive"
     )

@@ -84,7 +84,8 @@ def test_ttt_attention_equals_sdpa_under_the_extended_mask(backbone):
         else:  # the reference: every step through SDPA with the explicit extended mask
             original = d.body
 
-            def body(feat, tokens, positions, mask=None, cache=None, ttt_valid=None):
+            def body(feat, tokens, positions, mask=None, cache=None, ttt_valid=None, ttt_rows=None):
+                assert ttt_rows is None  # every row at every step (skip_prompt_rows is off)
                 step = cache.get_seq_length() // tokens.shape[1]
                 return original(feat, tokens, positions, ttt_mask(ttt_valid, step), cache)
 

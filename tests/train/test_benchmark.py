@@ -85,3 +85,19 @@ def test_fused_and_naive_eagle_losses_agree(variant, monkeypatch):
     assert losses[0] > 0
     torch.testing.assert_close(losses[0], losses[1])
     torch.testing.assert_close(grads[0], grads[1])
+
+
+def test_option_variants_set_their_option_and_run_the_plain_step():
+    """`eagle3_skip` is `eagle3` with skip_prompt_rows on: the same loss (the option is exact)."""
+    backbone = tiny_backbone(initializer_range=0.2)
+    ids = torch.randint(0, backbone.vocab_size, (2, 24))
+    labels = ids.clone()
+    labels[:, :10] = -100
+    losses = []
+    for variant in ("eagle3", "eagle3_skip"):
+        args = argparse.Namespace(variant=variant, ttt_steps=3, draft_vocab=64, dtype="float32", heads=2)
+        torch.manual_seed(0)
+        drafter = build(args, backbone)
+        assert drafter.cfg.skip_prompt_rows == (variant == "eagle3_skip")
+        losses.append(step_loss(args, backbone, drafter, ids, labels).detach())
+    torch.testing.assert_close(losses[0], losses[1])
