@@ -240,6 +240,8 @@ def parse_args() -> argparse.Namespace:
     unknown = sorted(set(args.variants.split(",")) - set(ALL_VARIANTS))
     if unknown and not args.variant:
         p.error(f"--variants: unknown {unknown}; expected some of {list(ALL_VARIANTS)}")
+    if not 0 <= args.prompt_frac < 1:
+        p.error(f"--prompt-frac {args.prompt_frac}: must be in [0, 1) (the unlabelled share of each row)")
     return args
 
 
@@ -248,8 +250,6 @@ def main() -> None:
     if args.variant:
         print(json.dumps(run_variant(args)))
         return
-    if not 0 <= args.prompt_frac < 1:
-        p.error(f"--prompt-frac {args.prompt_frac}: must be in [0, 1) (the unlabelled share of each row)")
     variants = args.variants.split(",")
     threads = choose_threads(args.threads)  # the children get the same count
     args.dtype = resolve_dtype(
