@@ -127,13 +127,14 @@ def test_fixed_shape_path_applies_the_windows(family):
     """The path CUDA graphs replay (static buffers, the whole cache attended, write slots as a tensor), run
     eagerly on CPU, on windowed families: the window is computed from the slot tensor, not from `length`."""
     from headstart.eval.engine.decoder import Decoder
+    from headstart.eval.engine.proposers.medusa import MedusaOptions
     from headstart.models.checkpoint import build_drafter
     from headstart.models.medusa import MedusaConfig
 
     bb = tiny(family, initializer_range=0.1)
     heads = build_drafter("medusa", MedusaConfig(num_heads=3), bb)
     # a short cache: the fixed-shape path attends over all of it at every step
-    vanilla, dec = Decoder(bb, max_cache_len=64), Decoder(bb, "medusa", heads, max_cache_len=64)
+    vanilla, dec = Decoder(bb, max_cache_len=64), Decoder(bb, MedusaOptions(heads), max_cache_len=64)
     vanilla.runner.cuda_graphs = dec.runner.cuda_graphs = True
     for text in ("the cat sat on the mat. the cat sat on the", "abc abc abc abc abc"):
         prompt = bb.tokenizer(text)["input_ids"]

@@ -17,6 +17,10 @@ from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
 from headstart.eval.engine.decoder import Decoder, build_decoder
+from headstart.eval.engine.proposers.draft_model import DraftOptions
+from headstart.eval.engine.proposers.eagle import Eagle3Options
+from headstart.eval.engine.proposers.medusa import MedusaOptions
+from headstart.eval.engine.proposers.prompt_lookup import PromptLookupOptions
 from headstart.models.backbone import Backbone, BackboneConfig, load_backbone
 from headstart.models.checkpoint import read_meta
 from headstart.models.export import export
@@ -83,9 +87,9 @@ def exported_decoders(backbone: Backbone, method: str, folders: list[Path], meta
     out = {}
     for folder in folders:
         if method == "medusa":
-            out[folder.name] = Decoder(backbone, "medusa", read_medusa(folder))
+            out[folder.name] = Decoder(backbone, MedusaOptions(read_medusa(folder)))
         elif method == "eagle3":
-            out[folder.name] = Decoder(backbone, "eagle3", read_eagle(folder, backbone))
+            out[folder.name] = Decoder(backbone, Eagle3Options(read_eagle(folder, backbone)))
         else:
             model = AutoModelForCausalLM.from_pretrained(
                 folder, dtype=torch.float32, attn_implementation=backbone.config._attn_implementation
@@ -94,7 +98,7 @@ def exported_decoders(backbone: Backbone, method: str, folders: list[Path], meta
                 json.loads((folder / "config.json").read_text())["model_type"] == backbone.config.model_type
             )
             draft = Backbone(model, backbone.tokenizer, name="draft")
-            out[folder.name] = Decoder(backbone, "draft", draft_backbone=draft, num_draft_tokens=3)
+            out[folder.name] = Decoder(backbone, DraftOptions(draft_backbone=draft, num_draft_tokens=3))
     return out
 
 
@@ -109,7 +113,7 @@ def test_family_trains_exports_and_decodes_losslessly(tmp_path, family, method):
     decoders = {
         "checkpoint": build_decoder(get(method).proposer, backbone, drafter_dir),
         **exported_decoders(backbone, method, folders, meta),
-        "prompt_lookup": Decoder(backbone, "prompt_lookup", num_draft_tokens=4),
+        "prompt_lookup": Decoder(backbone, PromptLookupOptions(num_draft_tokens=4)),
         # a drafter two steps old is rarely right: random trees hiding the target's own continuation make sure
         # deep acceptance and non-prefix KV compaction run under every family's windows and caps
         "oracle": Decoder(backbone),
