@@ -76,7 +76,9 @@ class Decoder:
     tree each step (proposers/lookup_branch.py), verified in the same forward.
     `typical=True` (medusa, temperature > 0) uses Medusa's typical acceptance, which is LOSSY. `cuda_graphs`
     (default: True on CUDA) captures each verify width in a CUDA graph; the first generate() of each width pays
-    the capture.
+    the capture. `compile` ("eager" | "auto" | "max-autotune", eval/engine/compiled.py) runs the plain and the
+    verify step through torch.compile instead: the first generate() compiles both widths (minutes on a CPU, then
+    cached on disk).
     """
 
     def __init__(
@@ -97,6 +99,7 @@ class Decoder:
         cuda_graphs: bool | None = None,
         topk: int | None = None,
         lookup_tokens: int = 0,
+        compile: str = "eager",
     ) -> None:
         if method not in METHODS:
             raise ValueError(f"unknown decoding method {method!r}: expected one of {list(METHODS)}")
@@ -108,7 +111,7 @@ class Decoder:
         self.backbone, self.method, self.typical = backbone, method, typical
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self.max_cache_len = max_cache_len
-        self.runner = ModelRunner(backbone, max_cache_len, self.cuda_graphs)
+        self.runner = ModelRunner(backbone, max_cache_len, self.cuda_graphs, compile)
         options = dict(
             drafter=drafter,
             draft_backbone=draft_backbone,
@@ -129,6 +132,7 @@ class Decoder:
                     "Fix: lookup_tokens=0"
                 )
             self.proposer = LookupBranch(self.proposer, lookup_tokens, self.device)
+        self.runner.compile_widths = {1, self.proposer.width if self.proposer else 1}  # the rest: eager
         self.eos_token_ids = eos_token_ids(backbone)
         self._sync = torch.cuda.synchronize if self.device.type == "cuda" else _no_sync
 
@@ -219,7 +223,7 @@ class Decoder:
             else:
                 ids = torch.cat([root, draft.tokens])  # (N,) root + candidates
                 verify_tree = draft.tree
-                if runner.cuda_graphs and draft.tree.size < proposer.width:  # fixed shapes: pad
+                if runner.fixed_shapes and draft.tree.size < proposer.width:  # fixed shapes: pad
                     verify_tree = draft.tree.padded(proposer.width)
                     ids = torch.cat([ids, ids.new_zeros(proposer.width - draft.tree.size)])
                 hidden, logits = runner.step(ids, verify_tree)

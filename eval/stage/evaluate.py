@@ -34,6 +34,17 @@ from headstart.models.export.serve_card import find_serve_check
 from headstart.models.int8 import for_decoding
 
 log = logging.getLogger("headstart.eval")
+EAGER_VANILLA = "vanilla-eager"  # the side timed beside a compiled vanilla (baselines/vanilla-eager/)
+
+
+def compile_entry(mode: str, compiled: bool, speedup: float | None, eager: dict | None) -> dict:
+    """The report's `compile` entry: the mode, whether this side's steps ran compiled, and with an eager
+    vanilla in the same rounds, the speedup over it (= over compiled vanilla / eager vanilla's over compiled)."""
+    out = {"mode": mode, "compiled": compiled, "speedup_vs_compiled_vanilla": speedup}
+    e = eager and eager["speedup"]
+    if e and speedup:
+        out |= {"eager_vanilla_vs_compiled_vanilla": e, "speedup_vs_eager_vanilla": speedup / e}
+    return out
 
 
 def resolve_device(name: str) -> torch.device:
@@ -86,7 +97,7 @@ class Evaluator:
         # the proposer options the user set (0 / "" = unset: the tuner's choice, else the proposer's default)
         chosen = {"num_draft_tokens": cfg.num_draft_tokens, "tree": cfg.tree, "tree_nodes": cfg.tree_nodes}
         user = {k: v for k, v in {**chosen, "topk": cfg.topk}.items() if v}
-        opts = {**user, "max_cache_len": cfg.max_cache_len}
+        opts = {**user, "max_cache_len": cfg.max_cache_len, "compile": cfg.compile}
         if cfg.draft:  # an HF draft model named on the command line
             dcfg = BackboneConfig(name="draft", path=cfg.draft, dtype=bcfg.dtype)
             opts["draft_backbone"] = self.backbone(dcfg)
@@ -121,15 +132,18 @@ class Evaluator:
         if cfg.dtype:
             bcfg = replace(bcfg, dtype=cfg.dtype)
         backbone = self.backbone(bcfg)
-        vanilla = Decoder(backbone, VANILLA, max_cache_len=cfg.max_cache_len)
+        vanilla = Decoder(backbone, VANILLA, max_cache_len=cfg.max_cache_len, compile=cfg.compile)
         sides = {}  # side -> (method, decoder, settings, out folder); "drafter" is never a baseline's name
         if drafter:
             method, spec, settings = self.drafter_decoder(ckpt, meta, backbone, bcfg)
             sides["drafter"] = (method, spec, settings, out_dir)
         default = {"source": "default", "options": {}, "tuner": None}  # the user's and tuner's: the drafter's
         for b in dict.fromkeys(baselines):
-            spec = build_decoder(b, backbone, None, max_cache_len=cfg.max_cache_len)
+            spec = build_decoder(b, backbone, None, max_cache_len=cfg.max_cache_len, compile=cfg.compile)
             sides[b] = (b, spec, dict(default), out_dir / "baselines" / b)
+        if vanilla.runner.compiled:  # its speedup over the compiled vanilla: 1 / what compilation bought
+            eager = Decoder(backbone, VANILLA, max_cache_len=cfg.max_cache_len)
+            sides[EAGER_VANILLA] = (VANILLA, eager, dict(default), out_dir / "baselines" / EAGER_VANILLA)
         if not sides:
             raise EvalError("nothing to score: no drafter and no baselines")
         n = len(self.prompts.prompts)
@@ -147,18 +161,34 @@ class Evaluator:
                 timing=cfg.timing,
             )
         out: dict = {"baselines": {}}
-        for side, (method, spec, settings, folder) in sides.items():
+        eager = None  # the eager vanilla's report, scored first so the others can say what compilation bought
+        for side in sorted(sides, key=lambda s: s != EAGER_VANILLA):
+            method, spec, settings, folder = sides[side]
             baseline = side != "drafter"
             res = self._report(ckpt, meta, bcfg, backbone, method, spec, settings, baseline,
-                               records[side], timings[side], folder)  # fmt: skip
-            if baseline:
+                               records[side], timings[side], folder, eager)  # fmt: skip
+            if side == EAGER_VANILLA:
+                eager = out["eager_vanilla"] = res["report"]
+            elif baseline:
                 out["baselines"][side] = res["report"]
             else:
                 out |= res
         return out
 
     def _report(
-        self, ckpt, meta, bcfg, backbone, method, spec, settings, baseline, records, timing, out_dir
+        self,
+        ckpt,
+        meta,
+        bcfg,
+        backbone,
+        method,
+        spec,
+        settings,
+        baseline,
+        records,
+        timing,
+        out_dir,
+        eager=None,
     ) -> dict:
         cfg, n = self.cfg, len(self.prompts.prompts)
         report = {
@@ -185,6 +215,7 @@ class Evaluator:
             # vLLM's figures for this drafter when `./launch.sh serve-check` ran on it (eval/serve_check.py)
             "vllm_serve_check": None if baseline else find_serve_check(ckpt),
         }
+        report["compile"] = compile_entry(cfg.compile, spec.runner.compiled, report["speedup"], eager)
         per_turn = sum(r["vanilla"]["new_tokens"] for r in records) / sum(
             len(p.turns) for p in self.prompts.prompts
         )

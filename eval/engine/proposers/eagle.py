@@ -174,6 +174,7 @@ def make(decoder, drafter=None, num_draft_tokens=None, tree_nodes=None, topk=Non
         raise ValueError(f"method {decoder.method!r} needs drafter= (an EagleDrafter), e.g. build_decoder()")
     drafter.to(decoder.device)
     decoder.runner.cuda_graphs = False  # target features are read through hooks, which graph replays skip
+    decoder.runner.compiled = False  # and which a graph compiled (and shared) without them would not call
     depth, nodes, width = EAGLE_TREE if decoder.device.type == "cuda" else CPU_EAGLE_TREE
     return EagleProposer(
         drafter,
