@@ -82,9 +82,16 @@ def inductor_options(device: torch.device) -> dict:
 
 
 def cache_dir() -> Path:
-    """Where inductor keeps compiled graphs and autotuning results across processes."""
+    """Where inductor keeps compiled graphs and autotuning results across processes: TORCHINDUCTOR_CACHE_DIR
+    when the user set it, else $HEADSTART_CACHE/inductor. Inductor writes its own /tmp default into that
+    variable on first use (some imports trigger it), so a value equal to that default counts as unset."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    mine = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if mine and os.path.abspath(mine) != os.path.abspath(default_cache_dir()):
+        return Path(mine)
     root = os.environ.get("HEADSTART_CACHE") or Path.home() / ".cache" / "headstart"
-    return Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or Path(root) / "inductor")
+    return Path(root) / "inductor"
 
 
 def _step(body, lm_head, cache, ids, pos, mask, last_only: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,7 +107,7 @@ _COMPILED: dict[str, Callable] = {}  # device type -> the compiled `_step`
 def compiled_step(device: torch.device) -> Callable:
     """The compiled `_step` for `device`; the first call of each new shape compiles it (minutes on a CPU)."""
     if device.type not in _COMPILED:
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir()))
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir())  # read by inductor on each cache access
         limit = torch._dynamo.config.recompile_limit
         torch._dynamo.config.recompile_limit = max(limit, _RECOMPILE_LIMIT)
         _COMPILED[device.type] = torch.compile(

@@ -36,6 +36,10 @@ def test_cache_dir(monkeypatch, tmp_path):
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setenv("HEADSTART_CACHE", str(tmp_path))
     assert compiled.cache_dir() == tmp_path / "inductor"
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # what inductor writes there itself
+    assert compiled.cache_dir() == tmp_path / "inductor"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     assert compiled.cache_dir() == tmp_path / "mine"  # the user's setting wins
 
