@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import os
 import platform
+import re
+import sys
 import time
 
 import numpy as np
@@ -37,8 +39,11 @@ def machine() -> dict:
             model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
     except OSError:
         pass
-    blas = next(
-        (w.split("=", 1)[1] for w in torch.__config__.show().split(", ") if w.startswith("BLAS_INFO=")), "?"
+    config = torch.__config__.show()
+    blas = re.search(r"BLAS_INFO=(\w+)", config)
+    mkl = re.search(r"Math Kernel Library Version ([\w.]+)", config)
+    blas = (blas.group(1) if blas else "?") + (
+        f" {mkl.group(1)}" if mkl and blas and blas.group(1) == "mkl" else ""
     )
     return {
         "cpu": model,
@@ -83,9 +88,17 @@ def roofline(backbone, bandwidth: float, flops: float, widths) -> dict[int, floa
     return {w: max(size / bandwidth, 2 * matmul * w / flops) for w in widths}
 
 
+def _step(runner: ModelRunner, ids: torch.Tensor) -> torch.Tensor:
+    """One step as the decoder runs it (w = 1: plain, last logits only; else a chain) -> logits."""
+    w = ids.shape[0]
+    return runner.step(ids, last_only=True)[1] if w == 1 else runner.step(ids, chain_tree(w - 1))[1]
+
+
 @torch.inference_mode()
-def verify_costs(backbone, widths, context: int, reps: int, compile: str) -> dict[str, dict[int, float]]:
-    """Median seconds of one step of each width, eager and compiled, interleaved -> {path: {width: s}}."""
+def verify_costs(backbone, widths, context: int, reps: int, compile: str) -> dict:
+    """Median seconds of one step of each width, eager and compiled, interleaved. -> {"seconds": {path: {width:
+    s}}, "first_s": {width: the compiled path's first step (compilation, or a load from the disk cache)},
+    "argmax_equal": {width: the two paths pick the same token at every position}, "max_abs_diff": ...}."""
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, backbone.vocab_size, (context + max(widths),), generator=gen).tolist()
     cache_len = context + max(widths) + 1
@@ -98,19 +111,30 @@ def verify_costs(backbone, widths, context: int, reps: int, compile: str) -> dic
     for r in runners.values():
         r.prefill(ids[:context])
     times: dict[str, dict[int, list[float]]] = {p: {w: [] for w in widths} for p in runners}
+    out: dict = {"first_s": {}, "argmax_equal": {}, "max_abs_diff": {}}
     order = list(runners)
     for rep in range(reps + 1):  # round 0 compiles and warms up
         for w in widths:
-            step = torch.tensor(ids[context : context + w])
+            step, logits = torch.tensor(ids[context : context + w]), {}
             for path in order if (rep + w) % 2 == 0 else order[::-1]:
                 t0 = time.perf_counter()
-                if w == 1:
-                    runners[path].step(step, last_only=True)
-                else:
-                    runners[path].step(step, chain_tree(w - 1))
+                logits[path] = _step(runners[path], step)
+                seconds = time.perf_counter() - t0
                 if rep:
-                    times[path][w].append(time.perf_counter() - t0)
-    return {p: {w: float(np.median(t)) for w, t in ts.items()} for p, ts in times.items()}
+                    times[path][w].append(seconds)
+                elif path == "compiled":
+                    out["first_s"][w] = seconds
+                    print(f"[verify-costs] width {w}: first compiled step {seconds:.1f} s", file=sys.stderr)
+            if rep == 0 and len(logits) == 2:
+                a, b = logits["eager"], logits["compiled"]
+                out["argmax_equal"][w] = bool((a.argmax(-1) == b.argmax(-1)).all())
+                out["max_abs_diff"][w] = float((a - b).abs().max())
+    out["seconds"] = {p: {w: float(np.median(t)) for w, t in ts.items()} for p, ts in times.items()}
+    return out
+
+
+def _f(x: float | None, spec: str) -> str:
+    return "n/a" if x is None else format(x, spec)
 
 
 def report(
@@ -121,23 +145,24 @@ def report(
     info = machine()
     bw, peak = memory_bandwidth(torch_dtype), peak_flops(torch_dtype)
     floor = roofline(backbone, bw, peak, widths)
-    costs = verify_costs(backbone, widths, context, reps, compile)
-    eager, comp = costs["eager"], costs.get("compiled")
+    res = verify_costs(backbone, widths, context, reps, compile)
+    eager, comp = res["seconds"]["eager"], res["seconds"].get("compiled")
     lines = [
         f"# Verify cost by width: {info['cpu']}, ISA {info['isa']}, BLAS {info['blas']}, {dtype}, "
         f"{info['threads']} threads, torch {info['torch']}, load {os.getloadavg()[0]:.1f}",
         f"roofline: {bw / 1e9:.1f} GB/s measured (sum of 512 MB), peak {peak / 1e9:.0f} GFLOP/s (2048^3 matmul); "
         f"context {context} tokens, medians of {reps} interleaved reps",
         "",
-        "| width | eager ms | compiled ms | eager / eager w1 | compiled / compiled w1 | eager / compiled "
-        "| roofline ms |",
-        "|---|---|---|---|---|---|---|",
+        "| width | eager ms | compiled ms | eager / eager w1 | compiled / compiled w1 | eager / compiled (x) "
+        "| roofline ms | same argmax | max abs logit diff | first compiled step s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for w in widths:
         c = comp[w] if comp else None
         lines.append(
-            f"| {w} | {1e3 * eager[w]:.1f} | {'n/a' if c is None else f'{1e3 * c:.1f}'} "
-            f"| {eager[w] / eager[widths[0]]:.2f} | {'n/a' if c is None else f'{c / comp[widths[0]]:.2f}'} "
-            f"| {'n/a' if c is None else f'{eager[w] / c:.2f}x'} | {1e3 * floor[w]:.1f} |"
+            f"| {w} | {1e3 * eager[w]:.1f} | {_f(c and 1e3 * c, '.1f')} | {eager[w] / eager[widths[0]]:.2f} "
+            f"| {_f(c and c / comp[widths[0]], '.2f')} | {_f(c and eager[w] / c, '.2f')} "
+            f"| {1e3 * floor[w]:.1f} | {res['argmax_equal'].get(w, 'n/a')} "
+            f"| {_f(res['max_abs_diff'].get(w), '.2g')} | {_f(res['first_s'].get(w), '.0f')} |"
         )
     return "\n".join(lines) + "\n"

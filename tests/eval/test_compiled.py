@@ -126,3 +126,33 @@ def test_eval_stage_times_vanilla_compiled_and_eager(tmp_path, monkeypatch):
     assert entry["eager_vanilla_vs_compiled_vanilla"] == eager["speedup"]
     assert entry["speedup_vs_eager_vanilla"] == pytest.approx(report["speedup"] / eager["speedup"])
     assert report["greedy_matches_vanilla"] == 1.0
+
+
+def test_roofline_hand_worked():
+    """Tiny Llama (hidden 64, MLP 128, 2 layers, 4 heads / 2 KV heads of 16, tied 259-token vocab): per layer
+    q 64x64 + k, v 64x32 + o 64x64 + gate, up, down 64x128 = 36,864 weights; 2 layers + the tied table 259x64 =
+    90,304 matmul weights; + 5 norm vectors of 64 = 90,624 fp32 weights = 362,496 bytes. At 1 GB/s and 1 GFLOP/s:
+    w=1 reads for 362.5 us (its 180.6 us of FLOPs hide), w=4 computes for 722.4 us."""
+    from headstart.eval.bench.verify_cost import roofline
+
+    floor = roofline(tiny_backbone(), 1e9, 1e9, [1, 4])
+    assert floor[1] == pytest.approx(362_496e-9) and floor[4] == pytest.approx(4 * 2 * 90_304e-9)
+
+
+def test_verify_cost_table(monkeypatch):
+    """The --verify-costs table on the tiny model, the compiled path run uncompiled (fast): every width on both
+    paths, the same tokens, the machine named in the first line."""
+    from headstart.eval.bench import verify_cost
+
+    monkeypatch.setattr(compiled, "compiled_step", lambda device: compiled._step)
+    monkeypatch.setattr(verify_cost, "memory_bandwidth", lambda dtype: 1e10)  # not this test's subject
+    monkeypatch.setattr(verify_cost, "peak_flops", lambda dtype: 1e11)
+    text = verify_cost.report(
+        tiny_backbone(), "float32", (1, 2, 4), context=8, reps=2, compile="max-autotune"
+    )
+    head, rows = text.splitlines()[0], [r for r in text.splitlines() if r.startswith("| ") and r[2].isdigit()]
+    assert "ISA" in head and "BLAS" in head and "BLAS ?" not in head and "float32, 1 threads" in head
+    assert [r.split(" | ")[0] for r in rows] == ["| 1", "| 2", "| 4"]
+    assert all(" | True | " in r and "n/a" not in r for r in rows)
+    eager_only = verify_cost.report(tiny_backbone(), "float32", (1, 2), context=8, reps=1, compile="eager")
+    assert eager_only.count("n/a") == 2 * 6  # no compiled figure where nothing compiles
