@@ -85,7 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--verify-costs",
         action="store_true",
-        help="only the verify cost by width, eager and compiled, beside the roofline (eval/bench/verify_cost.py)",
+        help="only the verify cost by width, eager and compiled, beside the roofline (eval/timing/verify_cost.py)",
     )
     p.add_argument("--widths", default="1,2,4,8,16,32", help="--verify-costs: step widths")
     p.add_argument("--context", type=int, default=256, help="--verify-costs: tokens cached before each step")
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         bcfg = replace(bcfg, dtype=args.dtype)
     backbone = load_backbone(bcfg, device)
     if args.verify_costs:
-        from headstart.eval.bench.verify_cost import report
+        from headstart.eval.timing.verify_cost import report
 
         if device.type == "cpu":
             choose_threads(args.threads)

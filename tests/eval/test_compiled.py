@@ -133,7 +133,7 @@ def test_roofline_hand_worked():
     q 64x64 + k, v 64x32 + o 64x64 + gate, up, down 64x128 = 36,864 weights; 2 layers + the tied table 259x64 =
     90,304 matmul weights; + 5 norm vectors of 64 = 90,624 fp32 weights = 362,496 bytes. At 1 GB/s and 1 GFLOP/s:
     w=1 reads for 362.5 us (its 180.6 us of FLOPs hide), w=4 computes for 722.4 us."""
-    from headstart.eval.bench.verify_cost import roofline
+    from headstart.eval.timing.verify_cost import roofline
 
     floor = roofline(tiny_backbone(), 1e9, 1e9, [1, 4])
     assert floor[1] == pytest.approx(362_496e-9) and floor[4] == pytest.approx(4 * 2 * 90_304e-9)
@@ -142,7 +142,7 @@ def test_roofline_hand_worked():
 def test_verify_cost_table(monkeypatch):
     """The --verify-costs table on the tiny model, the compiled path run uncompiled (fast): every width on both
     paths, the same tokens, the machine named in the first line."""
-    from headstart.eval.bench import verify_cost
+    from headstart.eval.timing import verify_cost
 
     monkeypatch.setattr(compiled, "compiled_step", lambda device: compiled._step)
     monkeypatch.setattr(verify_cost, "memory_bandwidth", lambda dtype: 1e10)  # not this test's subject
