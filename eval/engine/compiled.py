@@ -110,7 +110,20 @@ def compiled_step(device: torch.device) -> Callable:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir())  # read by inductor on each cache access
         limit = torch._dynamo.config.recompile_limit
         torch._dynamo.config.recompile_limit = max(limit, _RECOMPILE_LIMIT)
-        _COMPILED[device.type] = torch.compile(
-            _step, fullgraph=True, dynamic=False, options=inductor_options(device)
-        )  # dynamic=False: one static graph per width, never a symbolic-width one
+        options = inductor_options(device)
+        step = torch.compile(_step, fullgraph=True, dynamic=False, options=options)  # one graph per width
+        _COMPILED[device.type] = _with_freezing(step) if options.get("freezing") else step
     return _COMPILED[device.type]
+
+
+def _with_freezing(step: Callable) -> Callable:
+    """Dynamo reads inductor's global `freezing` while it traces, to keep the weights as constants rather than
+    graph inputs; `options` reach inductor only after tracing, so without this the weights stay inputs and the
+    GEMMs stay MKL's."""
+    import torch._inductor.config as inductor_config
+
+    def run(*args):
+        with inductor_config.patch(freezing=True):
+            return step(*args)
+
+    return run
