@@ -13,11 +13,12 @@ Modes (`compile=` on the Decoder / eval config):
   captures CUDA graphs itself). Fails with one line where inductor cannot run (no C++ compiler, no triton);
 - auto: max-autotune where inductor can run, else eager (said once in the log).
 
-Compilation happens on a width's first step and is cached twice: in this process (dynamo's cache, shared by every
-runner over the same backbone module, so a second Decoder on it recompiles nothing) and on disk (inductor's FX-graph
-and autotuning caches under $HEADSTART_CACHE/inductor unless TORCHINDUCTOR_CACHE_DIR is set), so another process
-with the same backbone, dtype, width and device skips code generation and autotuning. A width that fails to compile
-runs eagerly, with a warning. Greedy output is checked equal to eager vanilla, token for token
+Compilation happens on a width's first step. In this process it is cached by dynamo (shared by every runner over
+the same backbone module, so a second Decoder on it recompiles nothing). On disk, under $HEADSTART_CACHE/inductor
+unless TORCHINDUCTOR_CACHE_DIR is set, inductor keeps its compiled C++ kernels and autotuning results; a graph with
+frozen weights bypasses inductor's FX-graph cache, though, so another process traces and lowers each width again
+(about 5 min a width for SmolLM2-135M on a busy 2-core AVX2 CPU). A width that fails to compile runs eagerly, with
+a warning. Greedy output is checked equal to eager vanilla, token for token
 (tests/eval/test_compiled.py); inductor's GEMMs sum in another order than MKL, so logits differ in the last bits.
 """
 
