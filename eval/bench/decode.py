@@ -2,6 +2,7 @@
 
     python eval/bench/decode.py --checkpoint DIR --prompts FILE --n 10 --max-new-tokens 128 --dtype bfloat16
     python eval/bench/decode.py --backbone tiny --n 4          # no drafter: vanilla + prompt lookup only
+    python eval/bench/decode.py --backbone tiny --verify-costs  # verify cost by width, eager / compiled / roofline
 
 Rows: ours vanilla, ours <the checkpoint's proposer> (with --checkpoint), ours prompt_lookup, ours draft (with --draft); HF greedy,
 HF prompt lookup (`prompt_lookup_num_tokens`), HF assisted (`assistant_model`, with --draft). All greedy.
@@ -23,6 +24,7 @@ from pathlib import Path
 import torch
 
 from headstart.errors import exit_on_user_error
+from headstart.eval.engine.compiled import COMPILE_MODES
 from headstart.eval.errors import EvalError
 from headstart.eval.stage.config import DEFAULT_PROMPTS
 from headstart.eval.stage.evaluate import resolve_device
@@ -76,6 +78,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--rel-ci", type=float, default=0.05, help="stop once every ratio's 95%% CI is within this"
     )
     p.add_argument("--threads", type=int, default=0, help="CPU threads; 0: the cores free at the start")
+    p.add_argument(
+        "--compile",
+        default="eager",
+        choices=COMPILE_MODES,
+        help="our decoders' steps (eval/engine/compiled.py)",
+    )
+    p.add_argument(
+        "--verify-costs",
+        action="store_true",
+        help="only the verify cost by width, eager and compiled, beside the roofline (eval/timing/verify_cost.py)",
+    )
+    p.add_argument("--widths", default="1,2,4,8,16,32", help="--verify-costs: step widths")
+    p.add_argument("--context", type=int, default=256, help="--verify-costs: tokens cached before each step")
+    p.add_argument("--reps", type=int, default=7, help="--verify-costs: timed rounds (medians)")
     args = p.parse_args(argv)
     if not args.checkpoint and not args.backbone:
         raise EvalError(
@@ -83,6 +99,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         )
     if args.n < 1 or args.max_new_tokens < 1 or args.num_draft_tokens < 1 or args.lookup_tokens < 0:
         raise EvalError("--n, --max-new-tokens and --num-draft-tokens must be >= 1, --lookup-tokens >= 0")
+    try:
+        args.widths = sorted({int(w) for w in args.widths.split(",")})
+    except ValueError:
+        args.widths = [0]
+    if args.widths[0] < 1 or args.context < 1 or args.reps < 1:
+        raise EvalError(
+            f"--widths {args.widths} / --context {args.context} / --reps {args.reps}: expected positive "
+            "integers (widths comma-separated). Fix: --widths 1,2,4,8"
+        )
     args.draft_weights = args.draft_weights.split(",")
     bad = [w for w in args.draft_weights if w not in INT8_MODES]
     if bad or len(set(args.draft_weights)) != len(args.draft_weights):
@@ -164,7 +189,8 @@ def build_methods(args, backbone: Backbone, draft: Backbone | None, cache_len: i
     from headstart.models.int8 import for_decoding
 
     eos, n, k = eos_token_ids(backbone), args.max_new_tokens, args.num_draft_tokens
-    methods = {"ours vanilla": ours_runner(Decoder(backbone, "vanilla", max_cache_len=cache_len), n, eos)}
+    ours = {"max_cache_len": cache_len, "compile": args.compile}  # every one of ours: the same kernels
+    methods = {"ours vanilla": ours_runner(Decoder(backbone, "vanilla", **ours), n, eos)}
     if args.checkpoint:
         picked = pick(read_decodings(args.checkpoint), greedy=True, device=backbone.device.type)
         if picked:  # which record the tree comes from (a plain choice still benchmarks its declined tree)
@@ -176,13 +202,13 @@ def build_methods(args, backbone: Backbone, draft: Backbone | None, cache_len: i
             loaded = LoadedDrafter(*load_drafter(args.checkpoint, backbone))
             proposer = registry.proposer_of(loaded.meta["method"])
             weights = for_decoding(loaded.drafter, backbone.device, mode)
-            spec = build_decoder(proposer, backbone, loaded, max_cache_len=cache_len, **opts)
+            spec = build_decoder(proposer, backbone, loaded, **ours, **opts)
             name = f"ours {proposer}" + (f" ({weights})" if len(args.draft_weights) > 1 else "")
             methods[name] = ours_runner(spec, n, eos)
-    lookup = Decoder(backbone, PromptLookupOptions(num_draft_tokens=k), max_cache_len=cache_len)
+    lookup = Decoder(backbone, PromptLookupOptions(num_draft_tokens=k), **ours)
     methods["ours prompt_lookup"] = ours_runner(lookup, n, eos)
     if draft is not None:
-        dec = Decoder(backbone, DraftOptions(draft, num_draft_tokens=k), max_cache_len=cache_len)
+        dec = Decoder(backbone, DraftOptions(draft, num_draft_tokens=k), **ours)
         methods["ours draft"] = ours_runner(dec, n, eos)
     if args.no_hf:
         return methods
@@ -299,6 +325,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     bcfg = replace(bcfg, dtype=choice.dtype)
     print(machine_line(machine_facts(device), bcfg.dtype), flush=True)  # the first line names the machine
     backbone = load_backbone(bcfg, device)
+    if args.verify_costs:
+        from headstart.eval.timing.verify_cost import report
+
+        if device.type == "cpu":
+            choose_threads(args.threads)
+        mode = "auto" if args.compile == "eager" else args.compile  # the compiled column: where inductor runs
+        print(report(backbone, bcfg.dtype, args.widths, args.context, args.reps, mode))
+        return []
     draft = (
         load_backbone(BackboneConfig(name="draft", path=args.draft, dtype=bcfg.dtype), device)
         if args.draft

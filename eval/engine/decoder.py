@@ -77,7 +77,9 @@ class Decoder:
     tokens (proposers/lookup_choice.py: the rule headstart's vLLM plugin serves).
     `typical=True` (medusa, temperature > 0) uses Medusa's typical acceptance, which is LOSSY. `cuda_graphs`
     (default: True on CUDA) captures each verify width in a CUDA graph; the first generate() of each width pays
-    the capture.
+    the capture. `compile` ("eager" | "auto" | "max-autotune", eval/engine/compiled.py) runs the plain and the
+    verify step through torch.compile instead: the first generate() compiles both widths (minutes on a CPU, then
+    cached on disk).
     """
 
     def __init__(
@@ -91,6 +93,7 @@ class Decoder:
         cuda_graphs: bool | None = None,
         lookup_tokens: int = 0,
         lookup_min_match: int | None = None,
+        compile: str = "eager",
     ) -> None:
         config = proposer_config(proposer) if isinstance(proposer, str) else proposer
         method = VANILLA if config is None else config.method
@@ -102,7 +105,7 @@ class Decoder:
         self.backbone, self.method, self.typical = backbone, method, typical
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self.max_cache_len = max_cache_len
-        self.runner = ModelRunner(backbone, max_cache_len, self.cuda_graphs)
+        self.runner = ModelRunner(backbone, max_cache_len, self.cuda_graphs, compile)
         self.proposer: Proposer | None = None if config is None else config.make(self)
         if lookup_tokens:
             if method not in TREE_METHODS:
@@ -119,6 +122,7 @@ class Decoder:
                 f"lookup_min_match={lookup_min_match} needs lookup_tokens >= 1 (the lookup chain's length). "
                 "Fix: set lookup_tokens, or drop lookup_min_match"
             )
+        self.runner.compile_widths = {1, self.proposer.width if self.proposer else 1}  # the rest: eager
         self.eos_token_ids = eos_token_ids(backbone)
         self._sync = torch.cuda.synchronize if self.device.type == "cuda" else _no_sync
 
@@ -196,7 +200,7 @@ class Decoder:
             else:
                 ids = torch.cat([root, draft.tokens])  # (N,) root + candidates
                 verify_tree = draft.tree
-                if runner.cuda_graphs and draft.tree.size < proposer.width:  # fixed shapes: pad
+                if runner.fixed_shapes and draft.tree.size < proposer.width:  # fixed shapes: pad
                     verify_tree = draft.tree.padded(proposer.width)
                     ids = torch.cat([ids, ids.new_zeros(proposer.width - draft.tree.size)])
                 hidden, logits = runner.step(ids, verify_tree)
@@ -268,6 +272,7 @@ def build_decoder(
     cuda_graphs: bool | None = None,
     lookup_tokens: int = 0,
     lookup_min_match: int | None = None,
+    compile: str = "eager",
     **options,
 ) -> Decoder:
     """A Decoder for `method`. `checkpoint_dir`: the drafter the method serves, as a `LoadedDrafter`
@@ -290,4 +295,4 @@ def build_decoder(
         raise ValueError(f"method {method!r} needs checkpoint_dir= (a drafter folder written by train/)")
     config = proposer_config(method, **options)
     return Decoder(backbone, config, typical=typical, max_cache_len=max_cache_len, device=device,
-                   cuda_graphs=cuda_graphs, lookup_tokens=lookup_tokens, lookup_min_match=lookup_min_match)  # fmt: skip
+                   cuda_graphs=cuda_graphs, lookup_tokens=lookup_tokens, lookup_min_match=lookup_min_match, compile=compile)  # fmt: skip

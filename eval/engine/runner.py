@@ -7,6 +7,10 @@ in a CUDA graph over static buffers (ids, positions, write slots, a (1, 1, q, ma
 replayed; a capture that fails (e.g. a model whose forward syncs with the host) falls back to eager, with a
 warning. Setting `runner.cuda_graphs = True` on a CPU runner runs the same fixed-shape path without capture
 (tests use it to check that path against the eager one).
+
+With `compile` set (eval/engine/compiled.py: "max-autotune", or "auto" where inductor runs), each step width of
+`compile_widths` (None: every width) runs the same fixed-shape path through `torch.compile` instead (on CUDA it
+replaces the runner's own graph capture: inductor captures its own); other widths and the prefill stay eager.
 """
 
 from __future__ import annotations
@@ -15,21 +19,40 @@ import warnings
 
 import torch
 
+from headstart.eval.engine import compiled
 from headstart.eval.engine.kv_cache import CacheFullError, KVCache
 from headstart.eval.engine.masks import WindowMasks
 from headstart.eval.engine.tree import Tree, chain_tree
 
 
 class ModelRunner:
-    def __init__(self, backbone, max_cache_len: int, cuda_graphs: bool = False) -> None:
+    def __init__(
+        self,
+        backbone,
+        max_cache_len: int,
+        cuda_graphs: bool = False,
+        compile: str = "eager",
+        compile_widths: set[int] | None = None,
+    ) -> None:
         self.body = backbone.model.model  # HF base model: embeddings -> decoder layers -> final norm
         self.logits = backbone.logits  # lm_head, then the final soft cap of the families with one
         self.device, self.dtype = backbone.device, backbone.dtype
         self.cache = KVCache(backbone.config, max_cache_len, self.dtype, self.device)
         self.windows = WindowMasks(backbone.config)  # sliding-window layers: their part of a tree mask
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"  # fixed-shape steps, see module doc
+        self.compiled = compiled.resolve(compile, self.device)
+        # None: every width; others run eagerly (never a multi-minute compile in the middle of a run)
+        self.compile_widths = compile_widths
         self._masks: dict[int, tuple[torch.Tensor, int]] = {}  # eager: width -> (mask buffer, tree column)
         self._graphs: dict[tuple[int, bool], GraphedStep | None] = {}
+
+    @property
+    def fixed_shapes(self) -> bool:
+        """Steps run at fixed shapes (CUDA graphs or compiled), so a decoder pads its trees to one width."""
+        return self.cuda_graphs or self.compiled
+
+    def compiles(self, width: int) -> bool:
+        return self.compiled and (self.compile_widths is None or width in self.compile_widths)
 
     @property
     def length(self) -> int:
@@ -72,7 +95,7 @@ class ModelRunner:
         q = ids.shape[0]
         self.check_room(q)
         start = self.cache.length
-        if self.cuda_graphs:
+        if self.cuda_graphs or self.compiles(q):
             graph = self._graph(q, last_only)
             if graph is not None:
                 depth, bias = (tree or chain_tree(q - 1)).device_tensors(self.device, self.dtype)
@@ -99,21 +122,21 @@ class ModelRunner:
     def _graph(self, width: int, last_only: bool) -> GraphedStep | None:
         key = (width, last_only)
         if key not in self._graphs:
+            what = "compilation" if self.compiles(width) else "CUDA graph capture"
             try:
-                self._graphs[key] = GraphedStep(self, width, last_only)
+                self._graphs[key] = GraphedStep(self, width, last_only, self.compiles(width))
             except Exception as e:  # noqa: BLE001 - any capture failure means: run this width eagerly
-                warnings.warn(
-                    f"CUDA graph capture failed for width {width} ({e}); running it eagerly", stacklevel=2
-                )
+                warnings.warn(f"{what} failed for width {width} ({e}); running it eagerly", stacklevel=2)
                 self._graphs[key] = None
         return self._graphs[key]
 
 
 class GraphedStep:
     """One fixed-shape forward of `width` query tokens over the whole cache buffer, from static input buffers;
-    captured in a CUDA graph and replayed on CUDA, run eagerly elsewhere (so CPU tests cover the same path)."""
+    captured in a CUDA graph and replayed on CUDA, run eagerly elsewhere (so CPU tests cover the same path).
+    `compile`: run it through the compiled forward instead (compiled.py), compiled here on a free slot range."""
 
-    def __init__(self, runner: ModelRunner, width: int, last_only: bool) -> None:
+    def __init__(self, runner: ModelRunner, width: int, last_only: bool, compile: bool = False) -> None:
         dev, cache = runner.device, runner.cache
         start = cache.length  # warm-up and capture write into the free slots [start, start + width)
         self.runner, self.last_only = runner, last_only
@@ -124,6 +147,13 @@ class GraphedStep:
         self.mask = torch.zeros((1, 1, width, cache.max_cache_len), dtype=runner.dtype, device=dev)
         self.neg = torch.finfo(runner.dtype).min
         self.graph = None
+        self.forward = runner._forward
+        if compile:
+            step = compiled.compiled_step(dev)
+            self.forward = lambda *a: step(runner.body, runner.lm_head, cache, *a)
+            bias = torch.zeros((width, width), dtype=runner.dtype, device=dev)
+            self.run(self.ids[0], self.arange, bias, start)  # compile now (into free slots), not mid-step
+            return
         if dev.type != "cuda":
             return
         cache.slots = self.slots
@@ -155,6 +185,6 @@ class GraphedStep:
             return self.hidden, self.logits  # static buffers: valid until the next replay of this width
         self.runner.cache.slots = self.slots
         try:
-            return self.runner._forward(self.ids, self.pos, self.mask, self.last_only)
+            return self.forward(self.ids, self.pos, self.mask, self.last_only)
         finally:
             self.runner.cache.slots = None

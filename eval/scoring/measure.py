@@ -90,7 +90,9 @@ def _score(
     context = (context * 2)[: len(context) + opts.max_new_tokens // 2]  # a mid-answer cache length
     shapes = {side: verify_shape(dec) for side, dec in decoders.items()}
     for attempt in range(2):  # a figure that fails a check is re-measured once (every side), then flagged
-        costs = step_costs(backbone, shapes, context, timing.cost_reps)
+        compiled = {side: dec.runner.compiles(shapes[side][0]) for side, dec in decoders.items()}
+        cache_len = max(dec.max_cache_len for dec in decoders.values())  # the compiled graphs' shape
+        costs = step_costs(backbone, shapes, context, timing.cost_reps, compiled, cache_len)
         figures = {name: _figure(timer, name, costs, records[name], timing) for name in specs}
         if not any(f[3]["flags"] for f in figures.values()) or attempt:
             break

@@ -12,6 +12,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 import headstart.data
+from headstart.eval.engine.compiled import COMPILE_MODES
 from headstart.eval.engine.proposers import DRAFT, PROPOSERS, TREE_METHODS, TREE_NAMES
 from headstart.eval.errors import EvalError  # noqa: F401  (re-raised by the entry scripts)
 from headstart.eval.timing.harness import TimingConfig
@@ -66,6 +67,10 @@ class EvalConfig:
     # a trained drafter's layers on CPU: auto = int8 weights where the drafter names them (models/int8.py: the draft
     # step reads half the bytes; decoding stays lossless) and as trained on a GPU | int8 (CPU only) | native
     draft_weights: str = "auto"
+    # the target's plain and verify steps (eval/engine/compiled.py): eager | auto (compiled where inductor runs)
+    # | max-autotune. Vanilla runs through the same path, so a speedup is never a kernel difference; when
+    # compiled, an eager vanilla is timed in the same rounds (baselines/vanilla-eager: what compilation bought)
+    compile: str = "eager"
     warmup: int = 1  # prompts decoded untimed (both paths) before measuring
     # training-free methods scored on the same prompts beside the drafter (e.g. [prompt_lookup]): compare.md
     # puts them side by side, overall and per category (eval/report/compare.py)
@@ -108,6 +113,10 @@ class EvalConfig:
             raise EvalError(
                 "method=draft needs a draft model. Fix: draft=<Hub id, folder or .gguf>, or method= (empty) "
                 "with a distillspec checkpoint (its distilled draft is used)"
+            )
+        if self.compile not in COMPILE_MODES:
+            raise EvalError(
+                f"compile={self.compile!r}: expected one of {list(COMPILE_MODES)}. Fix: compile=eager"
             )
         if self.draft_weights not in INT8_MODES:
             raise EvalError(f"draft_weights={self.draft_weights!r}: expected one of {list(INT8_MODES)}")

@@ -72,6 +72,19 @@ class Side:
     baseline: bool = False
 
 
+EAGER_VANILLA = "vanilla-eager"  # the side timed beside a compiled vanilla (baselines/vanilla-eager/)
+
+
+def compile_entry(mode: str, compiled: bool, speedup: float | None, eager: dict | None) -> dict:
+    """The report's `compile` entry: the mode, whether this side's steps ran compiled, and with an eager
+    vanilla in the same rounds, the speedup over it (= over compiled vanilla / eager vanilla's over compiled)."""
+    out = {"mode": mode, "compiled": compiled, "speedup_vs_compiled_vanilla": speedup}
+    e = eager and eager["speedup"]
+    if e and speedup:
+        out |= {"eager_vanilla_vs_compiled_vanilla": e, "speedup_vs_eager_vanilla": speedup / e}
+    return out
+
+
 class Evaluator:
     """Scores checkpoints on one prompt set; backbones are loaded once per distinct spec."""
 
@@ -127,13 +140,12 @@ class Evaluator:
             "draft_weights": weights,
         }
         if tuned and tuned.plain:  # nothing pays here: the drafter's side decodes plainly, branch included
-            return Side(
-                method, Decoder(backbone, VANILLA, max_cache_len=cfg.max_cache_len), settings, out_dir
-            )
+            plain = Decoder(backbone, VANILLA, max_cache_len=cfg.max_cache_len, compile=cfg.compile)
+            return Side(method, plain, settings, out_dir)
         options |= tuned.record["decoder"] if tuned else {}
         # lookup_tokens: on the tree chosen above (for it); the decoder refuses a tree-less method
         decoder = build_decoder(method, backbone, loaded, max_cache_len=cfg.max_cache_len,
-                                lookup_tokens=cfg.lookup_tokens, **options)  # fmt: skip
+                                lookup_tokens=cfg.lookup_tokens, compile=cfg.compile, **options)  # fmt: skip
         return Side(method, decoder, settings, out_dir)
 
     def tune(self, method: str, backbone: Backbone, loaded: LoadedDrafter) -> Tuned | None:
@@ -162,14 +174,21 @@ class Evaluator:
         announce("dtype", self.dtype_choice)
         bcfg = replace(bcfg, dtype=self.dtype_choice.dtype)
         target = Target(ckpt, meta, bcfg, self.backbone(bcfg))
-        vanilla = Decoder(target.backbone, VANILLA, max_cache_len=cfg.max_cache_len)
+        vanilla = Decoder(target.backbone, VANILLA, max_cache_len=cfg.max_cache_len, compile=cfg.compile)
         sides: dict[str, Side] = {}  # "drafter" is never a baseline's name
         if drafter:
             sides[DRAFTER] = self.drafter_side(target, out_dir)
         default = {"source": "default", "options": {}, "tuner": None}  # the user's and tuner's: the drafter's
         for b in dict.fromkeys(baselines):
-            spec = build_decoder(b, target.backbone, None, max_cache_len=cfg.max_cache_len)
+            spec = build_decoder(
+                b, target.backbone, None, max_cache_len=cfg.max_cache_len, compile=cfg.compile
+            )
             sides[b] = Side(b, spec, dict(default), out_dir / "baselines" / b, baseline=True)
+        if vanilla.runner.compiled:  # its speedup over the compiled vanilla: 1 / what compilation bought
+            eager = Decoder(target.backbone, VANILLA, max_cache_len=cfg.max_cache_len)
+            sides[EAGER_VANILLA] = Side(
+                VANILLA, eager, dict(default), out_dir / "baselines" / EAGER_VANILLA, True
+            )
         if not sides:
             raise EvalError("nothing to score: no drafter and no baselines")
         n = len(self.prompts.prompts)
@@ -187,15 +206,19 @@ class Evaluator:
                 timing=cfg.timing,
             )
         out: dict = {"baselines": {}}
-        for name, side in sides.items():
-            res = self._report(target, side, records[name], timings[name])
-            if side.baseline:
+        eager = None  # the eager vanilla's report, scored first so the others can say what compilation bought
+        for name in sorted(sides, key=lambda s: s != EAGER_VANILLA):
+            side = sides[name]
+            res = self._report(target, side, records[name], timings[name], eager)
+            if name == EAGER_VANILLA:
+                eager = out["eager_vanilla"] = res["report"]
+            elif side.baseline:
                 out["baselines"][name] = res["report"]
             else:
                 out |= res
         return out
 
-    def _report(self, target: Target, side: Side, records: list[dict], timing: dict) -> dict:
+    def _report(self, target: Target, side: Side, records: list[dict], timing: dict, eager=None) -> dict:
         cfg, n, ckpt, method = self.cfg, len(self.prompts.prompts), target.ckpt, side.method
         report = {
             "method": method,
@@ -232,6 +255,7 @@ class Evaluator:
             # accepted path, over every decode of the run (warm-up and timing rounds included)
             settings["lookup_branch"] = {"tokens": cfg.lookup_tokens, **side.decoder.proposer.counts}
         report["decoding"] = decoding_report(settings, report, per_turn)
+        report["compile"] = compile_entry(cfg.compile, side.decoder.runner.compiled, report["speedup"], eager)
         if plain:  # the headline: the drafter was not used, and why
             d = report["decoding"]
             report["headline"] = (

@@ -42,12 +42,28 @@ def verify_shape(decoder) -> tuple[int, Tree | None]:
 
 
 @torch.no_grad()
-def step_costs(backbone, shapes: dict[str, tuple[int, Tree | None]], context: list[int], reps: int) -> dict:
+def step_costs(
+    backbone,
+    shapes: dict[str, tuple[int, Tree | None]],
+    context: list[int],
+    reps: int,
+    compiled: dict[str, bool] | None = None,
+    max_cache_len: int = 0,
+) -> dict:
     """Median seconds of one target forward per named (width, tree) after `context` is cached, each step built
-    as the decoder builds it (root tensor, candidates appended). -> {name: seconds}."""
+    as the decoder builds it (root tensor, candidates appended). -> {name: seconds}. `compiled`: the names whose
+    decoder ran that width compiled (eval/engine/compiled.py), timed on a compiled runner of the decoders'
+    `max_cache_len` (so its graphs are the ones already compiled), the rest on an eager one."""
     width = max(w for w, _ in shapes.values())
-    runner = ModelRunner(backbone, len(context) + width + 1, backbone.device.type == "cuda")
-    runner.prefill(context)
+    need, cuda = len(context) + width + 1, backbone.device.type == "cuda"
+    runners = {
+        c: ModelRunner(backbone, max(max_cache_len, need), cuda, "max-autotune")
+        if c
+        else ModelRunner(backbone, need, cuda)
+        for c in {bool((compiled or {}).get(name)) for name in shapes}
+    }
+    for r in runners.values():
+        r.prefill(context)
     dev = backbone.device
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     pool = context[::-1] * (width // len(context) + 1)  # a context shorter than the widest step repeats
@@ -57,6 +73,7 @@ def step_costs(backbone, shapes: dict[str, tuple[int, Tree | None]], context: li
     for rep in range(reps + 1):
         for name in names[rep % len(names) :] + names[: rep % len(names)]:
             w, tree = shapes[name]
+            runner = runners[bool((compiled or {}).get(name))]
             sync()
             t0 = time.perf_counter()
             root = torch.tensor([context[-1]], device=dev)

@@ -189,6 +189,7 @@ class EagleOptions(ProposerConfig):
             raise ValueError(f"method {self.method!r} needs drafter= (an EagleDrafter), e.g. build_decoder()")
         self.drafter.to(decoder.device)
         decoder.runner.cuda_graphs = False  # target features are read through hooks, which graph replays skip
+        decoder.runner.compiled = False  # and which a graph compiled (and shared) without them would not call
         depth, nodes, width = EAGLE_TREE if decoder.device.type == "cuda" else CPU_EAGLE_TREE
         return EagleProposer(
             self.drafter,

@@ -1,0 +1,130 @@
+"""Compiled target forwards: each fixed-shape decode step of a `ModelRunner` through `torch.compile`.
+
+On a CPU without native bf16 (AVX2 only), MKL's small-M GEMMs reach a fraction of the peak, so a verify of 8 tokens
+costs about twice a plain step. Inductor's max-autotune benchmarks its own vectorized micro-GEMMs over weights
+prepacked at compile time (`freezing`: the frozen backbone's weights become constants) against MKL and keeps the
+faster per projection. Every step runs at a fixed shape over the whole preallocated cache (static write slots and
+a (1, 1, width, max_cache_len) mask: `KVCache`'s static mode), so each (width, last_only) is one graph that no
+later step recompiles; the cache length moves only through tensors.
+
+Modes (`compile=` on the Decoder / eval config):
+- eager: the HF forward as is (the default; compiling costs minutes per width the first time);
+- max-autotune: CPU: inductor's "max-autotune-no-cudagraphs" with freezing; CUDA: "max-autotune" (inductor
+  captures CUDA graphs itself). Fails with one line where inductor cannot run (no C++ compiler, no triton);
+- auto: max-autotune where inductor can run, else eager (said once in the log).
+
+Compilation happens on a width's first step. In this process it is cached by dynamo (shared by every runner over
+the same backbone module, so a second Decoder on it recompiles nothing). On disk, under $HEADSTART_CACHE/inductor
+unless TORCHINDUCTOR_CACHE_DIR is set, inductor keeps its compiled C++ kernels and autotuning results; a graph with
+frozen weights bypasses inductor's FX-graph cache, though, so another process traces and lowers each width again
+(about 5 min a width for SmolLM2-135M on a busy 2-core AVX2 CPU). A width that fails to compile runs eagerly, with
+a warning. Greedy output is checked equal to eager vanilla, token for token
+(tests/eval/test_compiled.py); inductor's GEMMs sum in another order than MKL, so logits differ in the last bits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("headstart.eval")
+
+COMPILE_MODES = ("eager", "auto", "max-autotune")
+# dynamo keeps every graph of `_step` in one per-code cache: (width, last_only) pairs times backbones pass its
+# default limit of 8, after which it would silently run eagerly
+_RECOMPILE_LIMIT = 64
+
+
+def check_mode(mode: str) -> None:
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile={mode!r}: expected one of {list(COMPILE_MODES)}. Fix: compile=eager")
+
+
+def unavailable(device: torch.device) -> str | None:
+    """Why inductor cannot compile for `device` here, or None when it can."""
+    if device.type == "cpu":
+        found = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+        return None if found else "no C++ compiler"
+    if device.type == "cuda":
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return "triton is not installed"
+        return None
+    return f"inductor does not compile for device type {device.type!r}"
+
+
+def resolve(mode: str, device: torch.device) -> bool:
+    """Whether steps on `device` are compiled under `mode`."""
+    check_mode(mode)
+    if mode == "eager":
+        return False
+    problem = unavailable(device)
+    if problem is None:
+        return True
+    if mode == "auto":
+        log.info("compile=auto: eager decoding on %s (%s)", device, problem)
+        return False
+    raise ValueError(f"compile={mode} on {device}: {problem}. Fix: compile=eager (or auto)")
+
+
+def inductor_options(device: torch.device) -> dict:
+    """CPU: max-autotune without CUDA graphs, weights frozen into the graph; CUDA: the ordinary max-autotune."""
+    import torch._inductor as inductor
+
+    if device.type == "cuda":
+        return inductor.list_mode_options("max-autotune")
+    return {**inductor.list_mode_options("max-autotune-no-cudagraphs"), "freezing": True}
+
+
+def cache_dir() -> Path:
+    """Where inductor keeps compiled graphs and autotuning results across processes: TORCHINDUCTOR_CACHE_DIR
+    when the user set it, else $HEADSTART_CACHE/inductor. Inductor writes its own /tmp default into that
+    variable on first use (some imports trigger it), so a value equal to that default counts as unset."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    mine = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if mine and os.path.abspath(mine) != os.path.abspath(default_cache_dir()):
+        return Path(mine)
+    root = os.environ.get("HEADSTART_CACHE") or Path.home() / ".cache" / "headstart"
+    return Path(root) / "inductor"
+
+
+def _step(body, lm_head, cache, ids, pos, mask, last_only: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """ModelRunner._forward, as one graph: the cache's static write slots are set by the caller."""
+    out = body(input_ids=ids, position_ids=pos, attention_mask=mask, cache=cache, use_cache=True)
+    hidden = out.last_hidden_state[0]  # (q, H)
+    return hidden, lm_head(hidden[-1:] if last_only else hidden)  # (q or 1, V)
+
+
+_COMPILED: dict[str, Callable] = {}  # device type -> the compiled `_step`
+
+
+def compiled_step(device: torch.device) -> Callable:
+    """The compiled `_step` for `device`; the first call of each new shape compiles it (minutes on a CPU)."""
+    if device.type not in _COMPILED:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir())  # read by inductor on each cache access
+        limit = torch._dynamo.config.recompile_limit
+        torch._dynamo.config.recompile_limit = max(limit, _RECOMPILE_LIMIT)
+        options = inductor_options(device)
+        step = torch.compile(_step, fullgraph=True, dynamic=False, options=options)  # one graph per width
+        _COMPILED[device.type] = _with_freezing(step) if options.get("freezing") else step
+    return _COMPILED[device.type]
+
+
+def _with_freezing(step: Callable) -> Callable:
+    """Dynamo reads inductor's global `freezing` while it traces, to keep the weights as constants rather than
+    graph inputs; `options` reach inductor only after tracing, so without this the weights stay inputs and the
+    GEMMs stay MKL's."""
+    import torch._inductor.config as inductor_config
+
+    def run(*args):
+        with inductor_config.patch(freezing=True):
+            return step(*args)
+
+    return run

@@ -1,0 +1,180 @@
+"""The compiled decoder (eval/engine/compiled.py): modes resolve or fail in one line, and fp32 greedy decoding
+through the compiled plain and verify steps equals eager vanilla, token for token."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headstart.eval.engine import compiled
+from headstart.eval.engine.decoder import Decoder
+from headstart.eval.engine.runner import ModelRunner
+from tests.conftest import tiny_backbone
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_modes_resolve():
+    cpu = torch.device("cpu")
+    assert compiled.resolve("eager", cpu) is False
+    assert compiled.resolve("auto", torch.device("meta")) is False  # nothing compiles there: eager, said once
+    with pytest.raises(ValueError, match=r"compile=max-autotune on meta: .*Fix: compile=eager"):
+        compiled.resolve("max-autotune", torch.device("meta"))
+    with pytest.raises(ValueError, match=r"compile='fast': expected one of .*Fix: compile=eager"):
+        Decoder(tiny_backbone(), compile="fast")
+
+
+def test_unavailable_without_compiler(monkeypatch):
+    monkeypatch.setattr(compiled.shutil, "which", lambda name: None)
+    assert compiled.unavailable(torch.device("cpu")) == "no C++ compiler"
+    assert compiled.resolve("auto", torch.device("cpu")) is False
+    with pytest.raises(ValueError, match=r"no C\+\+ compiler"):
+        compiled.resolve("max-autotune", torch.device("cpu"))
+
+
+def test_cache_dir(monkeypatch, tmp_path):
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HEADSTART_CACHE", str(tmp_path))
+    assert compiled.cache_dir() == tmp_path / "inductor"
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # what inductor writes there itself
+    assert compiled.cache_dir() == tmp_path / "inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert compiled.cache_dir() == tmp_path / "mine"  # the user's setting wins
+
+
+def test_cpu_options_freeze_weights():
+    opts = compiled.inductor_options(torch.device("cpu"))
+    assert opts["freezing"] and opts["max_autotune"] and not opts.get("triton.cudagraphs")
+    assert "freezing" not in compiled.inductor_options(torch.device("cuda"))
+
+
+def test_widths_outside_the_set_run_eagerly():
+    runner = ModelRunner(tiny_backbone(), 32, compile="max-autotune", compile_widths={1, 4})
+    assert runner.fixed_shapes and runner.compiles(4) and not runner.compiles(3)
+    assert not ModelRunner(tiny_backbone(), 32).fixed_shapes
+
+
+def _prompts(backbone) -> list[list[int]]:
+    tok = backbone.tokenizer
+    texts = ["the cat sat on the mat and the cat sat", "1 2 3 4 1 2 3 4 1 2", "abcabcabcabc hello"]
+    return [tok(t)["input_ids"] for t in texts]
+
+
+@pytest.mark.slow
+def test_compiled_greedy_equals_eager_vanilla():
+    """Compiles widths 1 (plain) and 5 (prompt lookup's 4 tokens + root) of a 2-layer model: about a minute
+    each on a busy 2-core CPU, seconds once inductor's disk cache holds them."""
+    backbone = tiny_backbone(initializer_range=0.1)
+    eager = Decoder(backbone, max_cache_len=128)
+    plain = Decoder(backbone, compile="max-autotune", max_cache_len=128)
+    lookup = Decoder(backbone, "prompt_lookup", num_draft_tokens=4, compile="max-autotune", max_cache_len=128)
+    for prompt in _prompts(backbone):
+        ref = eager.generate(prompt, 24, eos_token_ids=[]).tokens
+        assert plain.generate(prompt, 24, eos_token_ids=[]).tokens == ref
+        out = lookup.generate(prompt, 24, eos_token_ids=[])
+        assert out.tokens == ref
+    assert set(plain.runner._graphs) == {(1, True)}
+    assert set(lookup.runner._graphs) == {(1, True), (5, False)}  # misses: width 1, else padded to 5
+    for step in [*plain.runner._graphs.values(), *lookup.runner._graphs.values()]:
+        assert step is not None and step.forward != step.runner._forward  # compiled, not an eager fallback
+    assert max(out.stats.accepted_per_step) > 1  # the verify width really accepted drafts
+    # a second decoder over the same backbone reuses the graphs: no new compilation
+    before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    again = Decoder(backbone, compile="max-autotune", max_cache_len=128)
+    prompt = _prompts(backbone)[0]
+    assert (
+        again.generate(prompt, 8, eos_token_ids=[]).tokens
+        == eager.generate(prompt, 8, eos_token_ids=[]).tokens
+    )
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == before
+
+
+def test_eval_config_refuses_an_unknown_mode(tmp_path):
+    from headstart.eval.errors import EvalError
+    from tests.eval.test_eval_stage import _cfg
+
+    with pytest.raises(EvalError, match=r"compile='fast': expected one of .*Fix: compile=eager"):
+        _cfg(tmp_path / "drafter", tmp_path / "p.jsonl", tmp_path / "out", compile="fast")
+
+
+def test_eval_stage_times_vanilla_compiled_and_eager(tmp_path, monkeypatch):
+    """compile=max-autotune: vanilla and the drafter run the compiled path, an eager vanilla runs in the same
+    rounds, and the report gives the speedup over both. `torch.compile` itself is replaced by the plain function
+    (the fixed-shape path runs, nothing is compiled) so that this stays fast; compiled kernels are checked above."""
+    import json
+
+    from headstart.eval.stage.evaluate import EAGER_VANILLA, run
+    from tests.eval.test_eval_stage import _cfg, save_ckpt
+
+    monkeypatch.setattr(compiled, "compiled_step", lambda device: compiled._step)
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [
+        {"question_id": i, "category": c, "turns": [t]}
+        for i, (c, t) in enumerate([("a", "Say hi."), ("b", "x")])
+    ]
+    prompts.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "out"
+    cfg = _cfg(save_ckpt(tmp_path / "drafter"), prompts, out, warmup=0, compile="max-autotune")
+    report = run(cfg)
+    eager = json.loads((out / "baselines" / EAGER_VANILLA / "report.json").read_text())
+    assert eager["method"] == "vanilla" and eager["compile"]["compiled"] is False
+    assert report["timing"]["sides"] == ["vanilla", "drafter", EAGER_VANILLA]  # the same rounds
+    entry = report["compile"]
+    assert entry["mode"] == "max-autotune" and entry["compiled"] is True
+    assert entry["eager_vanilla_vs_compiled_vanilla"] == eager["speedup"]
+    assert entry["speedup_vs_eager_vanilla"] == pytest.approx(report["speedup"] / eager["speedup"])
+    assert report["greedy_matches_vanilla"] == 1.0
+
+
+def test_roofline_hand_worked():
+    """Tiny Llama (hidden 64, MLP 128, 2 layers, 4 heads / 2 KV heads of 16, tied 259-token vocab): per layer
+    q 64x64 + k, v 64x32 + o 64x64 + gate, up, down 64x128 = 36,864 weights; 2 layers + the tied table 259x64 =
+    90,304 matmul weights; + 5 norm vectors of 64 = 90,624 fp32 weights = 362,496 bytes. At 1 GB/s and 1 GFLOP/s:
+    w=1 reads for 362.5 us (its 180.6 us of FLOPs hide), w=4 computes for 722.4 us."""
+    from headstart.eval.timing.verify_cost import roofline
+
+    floor = roofline(tiny_backbone(), 1e9, 1e9, [1, 4])
+    assert floor[1] == pytest.approx(362_496e-9) and floor[4] == pytest.approx(4 * 2 * 90_304e-9)
+
+
+def test_verify_cost_table(monkeypatch):
+    """The --verify-costs table on the tiny model, the compiled path run uncompiled (fast): every width on both
+    paths, the same tokens, the machine named in the first line."""
+    from headstart.eval.timing import verify_cost
+
+    monkeypatch.setattr(compiled, "compiled_step", lambda device: compiled._step)
+    monkeypatch.setattr(verify_cost, "memory_bandwidth", lambda dtype: 1e10)  # not this test's subject
+    monkeypatch.setattr(verify_cost, "peak_flops", lambda dtype: 1e11)
+    text = verify_cost.report(
+        tiny_backbone(), "float32", (1, 2, 4), context=8, reps=2, compile="max-autotune"
+    )
+    head, rows = text.splitlines()[0], [r for r in text.splitlines() if r.startswith("| ") and r[2].isdigit()]
+    assert "ISA" in head and "BLAS" in head and "BLAS ?" not in head and "float32, 1 threads" in head
+    assert [r.split(" | ")[0] for r in rows] == ["| 1", "| 2", "| 4"]
+    assert all(" | True | " in r and "n/a" not in r for r in rows)
+    eager_only = verify_cost.report(tiny_backbone(), "float32", (1, 2), context=8, reps=1, compile="eager")
+    assert eager_only.count("n/a") == 2 * 6  # no compiled figure where nothing compiles
+
+
+def test_step_costs_time_each_side_on_its_own_path(monkeypatch):
+    """The eval's physical checks price a compiled side with compiled steps and an eager side with eager ones
+    (else a compiled vanilla beside an eager one would be flagged as off its prediction)."""
+    from headstart.eval.engine import runner as runner_module
+    from headstart.eval.timing.bounds import step_costs
+
+    monkeypatch.setattr(compiled, "compiled_step", lambda device: compiled._step)
+    made = []
+    real = runner_module.ModelRunner.__init__
+
+    def spy(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(runner_module.ModelRunner, "__init__", spy)
+    shapes = {"vanilla": (1, None), "eager": (1, None)}
+    costs = step_costs(tiny_backbone(), shapes, list(range(5, 20)), 2, {"vanilla": True}, max_cache_len=64)
+    assert set(costs) == {"vanilla", "eager"} and all(c > 0 for c in costs.values())
+    assert sorted((r.compiled, r.cache.max_cache_len) for r in made) == [(False, 17), (True, 64)]
+    assert [set(r._graphs) for r in made if r.compiled] == [{(1, True)}]  # the compiled side ran its graph
