@@ -12,6 +12,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 import headstart.data
+from headstart.cli_checks import unknown_keys, unknown_message
 from headstart.eval.engine.proposers import DRAFT, PROPOSERS, TREE_METHODS
 from headstart.eval.timing import TimingConfig
 from headstart.eval.tuner import TunerConfig
@@ -135,8 +136,11 @@ def register_configs() -> None:
 def to_eval_config(cfg: DictConfig) -> EvalConfig:
     """Composed DictConfig -> EvalConfig (runs the __post_init__ checks; their ValueErrors are user errors)."""
     try:
-        return OmegaConf.to_object(cfg)
+        config = OmegaConf.to_object(cfg)
     except EvalError:
         raise
     except ValueError as e:  # a nested schema's range check (logger.kind=..., timing.rel_ci=...)
         raise EvalError(str(e)) from e
+    if unknown := unknown_keys(cfg, config):
+        raise EvalError(unknown_message(unknown, config))
+    return config

@@ -17,7 +17,13 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from headstart.cli_checks import missing_required, register_required_resolver, required_message
+from headstart.cli_checks import (
+    missing_required,
+    register_required_resolver,
+    required_message,
+    unknown_keys,
+    unknown_message,
+)
 from headstart.data import DataConfig
 from headstart.models import registry
 from headstart.models.backbone import BackboneConfig
@@ -115,6 +121,8 @@ def to_job(cfg: DictConfig, entry: str | None = None) -> JobConfig:
     if missing := missing_required(cfg):
         raise ValueError(required_message(missing))
     job = OmegaConf.to_object(cfg)
+    if unknown := unknown_keys(cfg, job):
+        raise ValueError(unknown_message(unknown, job))
     method = registry.get(job.method_name)
     if registry.of_config(job.method) is not method:
         raise EntryError(

@@ -40,6 +40,7 @@ from headstart.train.config import JobConfig, TrainConfig
 from headstart.train.hidden_cache import collate_hidden, offline_datasets
 from headstart.train.metrics import GradNorm, MetricSums, Throughput, head_topk_accuracy, progress
 from headstart.train.monitor import banner, data_line, init_tracking, log_artifact, measured_tau, trace_rows
+from headstart.train.run_lock import run_lock
 from headstart.train.sampling import EpochShuffle, LengthGrouped
 
 log = logging.getLogger("headstart.train")
@@ -86,9 +87,15 @@ def check_strategy(acc: Accelerator, t: TrainConfig) -> None:
 
 
 def train(job: JobConfig, resolved: dict) -> Path:
-    """Train job.method on job.backbone; returns the folder of the final drafter."""
+    """Train job.method on job.backbone; returns the folder of the final drafter. The main process holds the
+    run folder's lock throughout (a second job on it is refused before it reads or moves anything)."""
+    acc = make_accelerator(job.train, job.logger, job.run_dir)
+    with run_lock(Path(job.run_dir), acc.is_main_process):
+        return _train(job, resolved, acc)
+
+
+def _train(job: JobConfig, resolved: dict, acc: Accelerator) -> Path:
     t, run_dir = job.train, Path(job.run_dir)
-    acc = make_accelerator(t, job.logger, job.run_dir)
     set_seed(t.seed)
     banner(job, acc)
     resume_dir = find_resume_dir(run_dir, t.resume)  # the newest complete checkpoint (damaged ones skipped)
