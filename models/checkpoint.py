@@ -16,6 +16,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from headstart.digests import file_digest, mismatch
 from headstart.models import registry
 from headstart.models.backbone import Backbone, BackboneConfig, check_compatible
 from headstart.models.drafter import Drafter
@@ -24,6 +25,7 @@ CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
 DECODING_NAME = (
     "decoding.json"  # decoding settings chosen from measured costs (eval/tuner.py), read by exports
 )
+WEIGHTS_DIGEST = "weights_sha256"  # config.json: the digest of model.safetensors as written
 DRAFTER_DIR = "drafter"  # a run folder's final drafter, and the drafter inside every step checkpoint
 
 
@@ -95,6 +97,7 @@ def save_drafter(
     state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
     with atomic_dir(out_dir) as tmp:
         save_file(state, tmp / WEIGHTS_NAME, metadata={"format": "pt", "method": method})
+        meta[WEIGHTS_DIGEST] = file_digest(tmp / WEIGHTS_NAME)  # checked by load_drafter
         (tmp / CONFIG_NAME).write_text(json.dumps(meta, indent=2, default=str))
     return out_dir
 
@@ -160,6 +163,11 @@ def load_drafter(path: str | Path, backbone: Backbone, meta: dict | None = None)
     check_compatible(backbone, meta["backbone_fingerprint"], f"drafter checkpoint {path}")
     method = registry.get(meta["method"])
     drafter = method.build_drafter(method.config(**meta["method_config"]), backbone, meta)
+    if (problem := mismatch(path / WEIGHTS_NAME, meta.get(WEIGHTS_DIGEST))) is not None:
+        raise CheckpointError(
+            f"{path / WEIGHTS_NAME}: {problem}, so it does not hold the trained weights. Fix: restore the "
+            "file or use another checkpoint (e.g. checkpoints/step_*/drafter of the run)"
+        )
     try:
         state = load_file(path / WEIGHTS_NAME)
         state |= {key: state[src] for key, src in meta.get("tied_keys", {}).items()}
