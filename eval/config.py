@@ -76,8 +76,13 @@ class EvalConfig:
             raise EvalError(f"temperature={self.temperature}: must be >= 0 (0 is greedy). Fix: temperature=0")
         if not 0 < self.top_p <= 1:
             raise EvalError(f"top_p={self.top_p}: must be in (0, 1]")
-        if self.max_new_tokens < 1 or self.max_cache_len < 2 or self.num_draft_tokens < 0:
-            raise EvalError("max_new_tokens must be >= 1, num_draft_tokens >= 0 and max_cache_len >= 2")
+        for key, value, least, fix in (
+            ("max_new_tokens", self.max_new_tokens, 1, "128 (the default)"),
+            ("num_draft_tokens", self.num_draft_tokens, 0, "0 (the method's default)"),
+            ("max_cache_len", self.max_cache_len, 2, "2048 (the default)"),
+        ):
+            if value < least:
+                raise EvalError(f"{key}={value}: must be >= {least}. Fix: {key}={fix}")
         if self.tree not in ("", "default", "chain") or self.tree_nodes < 0 or self.topk < 0:
             raise EvalError(
                 f"tree={self.tree!r} / tree_nodes={self.tree_nodes} / topk={self.topk}: expected tree in '', "

@@ -58,8 +58,13 @@ class Eagle3Config:
     recompute: bool = True
 
     def __post_init__(self) -> None:
-        if not 1 <= self.ttt_steps <= 16 or not 0 < self.decay <= 1:
-            raise ValueError("method.ttt_steps must be in 1..16 and method.decay in (0, 1]")
+        if not 1 <= self.ttt_steps <= 16:
+            raise ValueError(
+                f"method.ttt_steps={self.ttt_steps}: must be in 1..16. Fix: method.ttt_steps=3 (the default) "
+                "or another value in 1..16"
+            )
+        if not 0 < self.decay <= 1:
+            raise ValueError(f"method.decay={self.decay}: must be in (0, 1]. Fix: method.decay=0.8, e.g.")
         if self.aux_layers and len(self.aux_layers) != 3:
             raise ValueError(f"method.aux_layers={self.aux_layers}: EAGLE-3 fuses exactly 3 layers (or [])")
         if self.draft_vocab_size < 1 or not 0 <= self.min_coverage <= 1:

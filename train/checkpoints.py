@@ -9,6 +9,7 @@ one is used.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import shutil
@@ -102,8 +103,21 @@ def save_checkpoint(acc: Accelerator, run_dir: Path, step: int, save_drafter: Ca
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     acc.wait_for_everyone()
-    acc.save_state(str(tmp))
-    save_drafter(tmp / DRAFTER_DIR)
+    try:
+        acc.save_state(str(tmp))
+        save_drafter(tmp / DRAFTER_DIR)
+    except (OSError, RuntimeError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)  # the previous checkpoint stays the newest; free the space
+        # torch.save reports a full disk as "PytorchStreamWriter failed writing file ...: unexpected pos"
+        if isinstance(e, RuntimeError) and not any(
+            s in str(e) for s in ("unexpected pos", "file write failed")
+        ):
+            raise
+        if isinstance(e, RuntimeError):
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp)) from e
+        if e.filename is None:  # name the folder being written
+            raise OSError(e.errno, e.strerror, str(tmp)) from e
+        raise
     acc.wait_for_everyone()  # every rank's files are written before the list of them
     if acc.is_main_process:
         written = [p for p in sorted(tmp.rglob("*")) if p.is_file()]

@@ -22,6 +22,7 @@ from accelerate.utils import DistributedType, ProjectConfiguration, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from headstart.cli_checks import dir_problem
 from headstart.data import build_datasets, collate
 from headstart.logs import FILE_ONLY
 from headstart.models import registry
@@ -96,10 +97,18 @@ def train(job: JobConfig, resolved: dict) -> Path:
 
 def _train(job: JobConfig, resolved: dict, acc: Accelerator) -> Path:
     t, run_dir = job.train, Path(job.run_dir)
+    if (problem := dir_problem(Path(job.cache_dir), "cache_dir")) is not None:  # before hours of training
+        raise ValueError(f"{problem} (its default: $HEADSTART_CACHE, else ~/.cache/headstart)")
     set_seed(t.seed)
     banner(job, acc)
     resume_dir = find_resume_dir(run_dir, t.resume)  # the newest complete checkpoint (damaged ones skipped)
     check_resumable(resume_dir, run_dir, resolved)  # trained with these settings, or refused
+    if resume_dir is not None and (done := read_step(resume_dir)) > t.max_steps:
+        raise ValueError(  # else the step-`done` drafter would stay while config.json said max_steps
+            f"run_dir={run_dir} holds checkpoint {resume_dir.name}, past train.max_steps={t.max_steps}. Fix: "
+            f"train.max_steps={done} or more to keep or continue it, train.resume=never to start over (the "
+            "old run is moved aside), or another run_dir=..."
+        )
     if acc.is_main_process:
         if t.resume == "never" and (moved := set_aside_previous_run(run_dir)) is not None:
             log.warning("train.resume=never: moved the previous run's checkpoints and drafter to %s", moved)
@@ -117,6 +126,11 @@ def _train(job: JobConfig, resolved: dict, acc: Accelerator) -> Path:
         )
     log.info("data: %s", json.dumps(data_stats, default=str), extra=FILE_ONLY)
     data_line(job, acc, data_stats, len(train_ds), len(eval_ds))
+    if len(eval_ds) == 0:
+        raise ValueError(
+            f"data: none of the data.eval_rows={job.data.eval_rows} held-out rows is usable (too long or empty), "
+            "so the drafter cannot be evaluated. Fix: more data.eval_rows or a larger data.max_length"
+        )
 
     method = registry.get(job.method_name)
     step_fn = method.step_fn()
@@ -263,8 +277,12 @@ def _train(job: JobConfig, resolved: dict, acc: Accelerator) -> Path:
             tmp = final.with_name(DRAFTER_DIR + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.copytree(last, tmp)
-            shutil.rmtree(final, ignore_errors=True)
+            old = final.with_name(DRAFTER_DIR + ".old")  # a reader never finds drafter/ missing for long
+            shutil.rmtree(old, ignore_errors=True)
+            if final.exists():
+                final.rename(old)
             tmp.rename(final)
+            shutil.rmtree(old, ignore_errors=True)
         (run_dir / "final_eval.json").write_text(json.dumps(final_eval, indent=2))
     acc.wait_for_everyone()
     if log_model != "none":
