@@ -31,7 +31,7 @@ def exit_user_error(message: str) -> None:
 def os_error_message(e: OSError) -> str | None:
     """One line for the OS errors a user fixes outside the program (a full disk, a read-only or foreign folder),
     naming the path; None for the others (they stay tracebacks: they are bugs until shown otherwise)."""
-    path = e.filename or "?"
+    path = e.filename or "the output folder"  # a failed write() names no file; callers add it where they can
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return f"disk full at {path} ({e.strerror}). Fix: free space there, or write elsewhere"
     if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):

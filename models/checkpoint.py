@@ -6,6 +6,7 @@ the folder alone, and refuses a backbone whose hidden size or vocabulary differs
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -27,6 +28,9 @@ DECODING_NAME = (
 )
 WEIGHTS_DIGEST = "weights_sha256"  # config.json: the digest of model.safetensors as written
 DRAFTER_DIR = "drafter"  # a run folder's final drafter, and the drafter inside every step checkpoint
+
+
+log = logging.getLogger("headstart.models")
 
 
 class CheckpointError(ValueError):
@@ -195,12 +199,20 @@ def weights_signature(path: Path) -> str:
 
 
 def read_decoding(path: str | Path) -> dict | None:
-    """The folder's decoding.json (the tuner's choice), None when absent or unreadable."""
+    """The folder's decoding.json (the tuner's choice), None when absent or unreadable (saying so: the
+    hand-set defaults are used instead of the tuned settings)."""
+    file = Path(path) / DECODING_NAME
     try:
-        record = json.loads((Path(path) / DECODING_NAME).read_text())
-    except (OSError, ValueError):
+        record = json.loads(file.read_text())
+    except FileNotFoundError:
         return None
-    return record if isinstance(record, dict) and "decoder" in record else None
+    except (OSError, ValueError) as e:
+        log.warning("%s is unreadable (%s): using the default decoding settings; rerun the tuner", file, e)
+        return None
+    if not isinstance(record, dict) or "decoder" not in record:
+        log.warning("%s holds no decoder settings: using the defaults; rerun the tuner", file)
+        return None
+    return record
 
 
 def write_decoding(path: str | Path, record: dict) -> Path:

@@ -12,6 +12,8 @@ earlier export (flat, with a model card and a config); anything else is refused 
 
 from __future__ import annotations
 
+import errno
+import itertools
 import os
 import shutil
 from contextlib import contextmanager
@@ -19,6 +21,7 @@ from pathlib import Path
 
 from headstart.models.checkpoint import CONFIG_NAME, DRAFTER_DIR, checkpoint_meta
 
+_SERIAL = itertools.count()
 CHECKPOINT_STATE = "trainer_state.json"  # train/checkpoints.py's STATE_NAME (models/ never imports train/)
 # the parts of a run folder that are its own state; `export` (the default --out) is not one of them
 RUN_STATE = ("checkpoints", DRAFTER_DIR, "eval", CONFIG_NAME, "final_eval.json")
@@ -86,11 +89,15 @@ def staged(out: Path):
         raise ValueError(f"--out {out} cannot be created ({e.strerror}). Fix: a writable --out folder") from e
     if not os.access(out.parent, os.W_OK | os.X_OK):
         raise ValueError(f"--out {out}: {out.parent} is not writable. Fix: a writable --out folder")
-    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}{next(_SERIAL)}")  # unique: exports may run at once
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
         yield tmp
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        raise OSError(e.errno, e.strerror, str(tmp)) from e  # a failed write() names no file: name the folder
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -104,14 +111,26 @@ def publish(tmp: Path, out: Path, folders: list[Path]) -> list[Path]:
     for folder, dest in zip(folders, dests, strict=True):
         rel = folder.relative_to(tmp)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        old = dest.with_name(f"{dest.name}.old{os.getpid()}")
-        if dest.exists():
-            dest.rename(old)
+        _replace(folder, dest)
         if rel == Path("."):
-            tmp.rename(dest)
             tmp.mkdir()  # staged() removes it
-        else:
-            folder.rename(dest)
-        shutil.rmtree(old, ignore_errors=True)
         published.append(dest)
     return published
+
+
+def _replace(new: Path, dest: Path, tries: int = 5) -> None:
+    """Rename `new` to `dest`, moving an earlier `dest` aside first; another export publishing the same folder
+    at the same moment can put its own back in between: then move that one aside too."""
+    for _ in range(tries):
+        old = dest.with_name(f"{dest.name}.old{os.getpid()}{next(_SERIAL)}")
+        try:
+            if dest.exists():
+                dest.rename(old)
+            new.rename(dest)
+            return
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+                raise
+        finally:
+            shutil.rmtree(old, ignore_errors=True)
+    raise OSError(errno.EBUSY, "other exports keep replacing it", str(dest))
