@@ -27,12 +27,12 @@ def bytes_digest(chunks: Iterable[bytes | memoryview]) -> str:
     return h.hexdigest()
 
 
-def mismatch(path: str | Path, recorded: str | None) -> str | None:
+def mismatch(path: str | Path, recorded: str | None, name: str | None = None) -> str | None:
     """Why `path` does not hold what was written (its digest differs from `recorded`), or None; None too when
     nothing was recorded (files written before digests were kept)."""
     if recorded is None:
         return None
     actual = file_digest(path)
     if actual != recorded:
-        return f"{Path(path).name} was changed after it was written ({ALGO} {actual[:12]}, {recorded[:12]} recorded)"
+        return f"{name or Path(path).name} was changed after it was written ({ALGO} {actual[:12]}, {recorded[:12]} recorded)"
     return None

@@ -167,7 +167,14 @@ def load_drafter(path: str | Path, backbone: Backbone, meta: dict | None = None)
     check_compatible(backbone, meta["backbone_fingerprint"], f"drafter checkpoint {path}")
     method = registry.get(meta["method"])
     drafter = method.build_drafter(method.config(**meta["method_config"]), backbone, meta)
-    if (problem := mismatch(path / WEIGHTS_NAME, meta.get(WEIGHTS_DIGEST))) is not None:
+    try:
+        problem = mismatch(path / WEIGHTS_NAME, meta.get(WEIGHTS_DIGEST))
+    except FileNotFoundError as e:  # e.g. pruned by the training writing this run, after read_meta
+        raise CheckpointError(
+            f"{path / WEIGHTS_NAME} is gone (removed while it was being read, e.g. an old checkpoint pruned by "
+            "a training). Fix: use a newer checkpoint or the run's drafter/"
+        ) from e
+    if problem is not None:
         raise CheckpointError(
             f"{path / WEIGHTS_NAME}: {problem}, so it does not hold the trained weights. Fix: restore the "
             "file or use another checkpoint (e.g. checkpoints/step_*/drafter of the run)"
@@ -255,6 +262,17 @@ def step_of(path: Path, meta: dict) -> int | None:
     return found[-1] if found else None
 
 
+def _configs_under(root: Path, tries: int = 5) -> list[Path]:
+    """Every config.json under `root`; a training beside us renames `step_*.tmp` folders while the walk runs
+    (a vanished folder: walk again)."""
+    for _ in range(tries - 1):
+        try:
+            return sorted(root.rglob(CONFIG_NAME))
+        except FileNotFoundError:
+            continue
+    return sorted(root.rglob(CONFIG_NAME))
+
+
 def find_checkpoints(path: str | Path) -> dict[Path, dict]:
     """{folder: its config.json} for a checkpoint folder itself, or for every checkpoint folder under a run
     folder (half-written `*.tmp*` ones skipped), in path order."""
@@ -267,7 +285,7 @@ def find_checkpoints(path: str | Path) -> dict[Path, dict]:
     if (root / WEIGHTS_NAME).is_file() and (root / CONFIG_NAME).is_file():  # a drafter folder itself
         return {root: read_meta(root)}
     found = {}
-    for config in sorted(root.rglob(CONFIG_NAME)):
+    for config in _configs_under(root):
         if not half_written(config.parent.relative_to(root)) and (meta := checkpoint_meta(config.parent)):
             found[config.parent] = meta
     if not found:

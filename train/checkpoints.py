@@ -57,7 +57,7 @@ def verify_checkpoint(path: Path) -> str | None:
             return f"{name} is missing"
         if f.stat().st_size != size:
             return f"{name} has {f.stat().st_size} bytes, {size} were written"
-        if (problem := mismatch(f, digests.get(name))) is not None:
+        if (problem := mismatch(f, digests.get(name), name)) is not None:
             return problem
     return None
 

@@ -47,6 +47,7 @@ def test_eval_and_export_beside_a_training_read_only_complete_checkpoints(tmp_pa
             except (CheckpointError, FileNotFoundError) as e:  # pruned or replaced under the reader
                 assert "\n" not in str(e) and "Fix:" in str(e), str(e)
                 refused.append(str(e))
+                time.sleep(0.05)
         _, err = trainer.communicate(timeout=60)
     finally:
         if trainer.poll() is None:
