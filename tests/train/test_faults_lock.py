@@ -60,10 +60,11 @@ def test_second_training_on_a_run_in_use_is_refused_naming_it_and_moves_nothing(
 
 
 def test_two_trainings_started_together_one_refused_the_other_intact(tmp_path):
-    """The concurrency case as a user meets it: a second launch while the first is training."""
+    """The concurrency case as a user meets it: a second launch while the first is training (long enough to
+    outlast the second's start-up on a busy machine)."""
     data, run_dir = write_chat_file(tmp_path / "chat.jsonl"), tmp_path / "run"
     over = train_overrides(
-        run_dir, data, tmp_path / "cache", **{"train.max_steps": 60, "train.save_every": 20}
+        run_dir, data, tmp_path / "cache", **{"train.max_steps": 600, "train.save_every": 200}
     )
     cmd = [sys.executable, "train/medusa.py", *over]
     first = subprocess.Popen(
@@ -84,7 +85,7 @@ def test_two_trainings_started_together_one_refused_the_other_intact(tmp_path):
             os.kill(first.pid, signal.SIGKILL)
     assert first.returncode == 0, out[-3000:]
     assert not list(tmp_path.glob("run.replaced-*"))
-    assert json.loads((run_dir / "drafter" / "config.json").read_text())["step"] == 60
+    assert json.loads((run_dir / "drafter" / "config.json").read_text())["step"] == 600
 
 
 def test_plus_key_that_names_no_setting_is_refused_like_a_typo(tmp_path):
