@@ -4,7 +4,9 @@ A cache entry is one safetensors file (int32 token ids and labels, flat, with pe
 JSON metadata), named by a hash of everything that changes its content: the source file (path, size, mtime),
 the data config, the tokenizer (vocab size, chat template, a hash of the vocab) and, for regenerated
 responses, the backbone. Another tokenizer or model therefore never reuses it. Files are written to a
-temporary name and renamed into place, so a reader never sees half a file. No pickle anywhere.
+temporary name and renamed into place, so a reader never sees half a file; the metadata records a digest of
+the arrays, checked on load, so a file damaged later at the same size is rebuilt rather than trained on. No
+pickle anywhere.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 from headstart.data.chat import Sample
 from headstart.data.config import DataConfig
 from headstart.data.selfdistill import regen_key
+from headstart.digests import bytes_digest
 from headstart.models.backbone import tokenizer_fingerprint
 
 CACHE_VERSION = 1
@@ -94,8 +97,9 @@ def save_splits(path: Path, splits: dict[str, dict[str, np.ndarray]], stats: dic
     tensors = {f"{split}.{k}": v for split, arrays in splits.items() for k, v in arrays.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    meta = {"stats": json.dumps(stats), "version": str(CACHE_VERSION), "sha256": _arrays_digest(tensors)}
     try:
-        save_file(tensors, str(tmp), metadata={"stats": json.dumps(stats), "version": str(CACHE_VERSION)})
+        save_file(tensors, str(tmp), metadata=meta)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -106,8 +110,20 @@ def load_splits(path: Path) -> tuple[dict[str, dict[str, np.ndarray]], dict]:
 
     splits: dict[str, dict[str, np.ndarray]] = {}
     with safe_open(str(path), framework="np") as f:
-        stats = json.loads(f.metadata()["stats"])
-        for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
-            split, key = name.split(".", 1)
-            splits.setdefault(split, {})[key] = f.get_tensor(name)
+        meta = f.metadata()
+        tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - safe_open is not a dict
+    stats = json.loads(meta["stats"])
+    if "sha256" in meta and _arrays_digest(tensors) != meta["sha256"]:  # caches from before digests: none
+        raise ValueError(
+            "its arrays were changed after it was written (sha256 differs from the recorded one)"
+        )
+    for name, value in tensors.items():
+        split, key = name.split(".", 1)
+        splits.setdefault(split, {})[key] = value
     return splits, stats
+
+
+def _arrays_digest(tensors: dict[str, np.ndarray]) -> str:
+    return bytes_digest(
+        part for name in sorted(tensors) for part in (name.encode(), np.ascontiguousarray(tensors[name]).data)
+    )

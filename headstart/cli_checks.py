@@ -4,6 +4,8 @@ that turns a missing required setting or an unusable output folder into one line
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import os
 from pathlib import Path
 
@@ -40,6 +42,49 @@ def missing_required(cfg: DictConfig, prefix: str = "") -> list[str]:
 
 def required_message(missing: list[str]) -> str:
     return f"{', '.join(missing)} is required here. Fix: add " + ", ".join(f"{k}=..." for k in missing)
+
+
+def unknown_keys(cfg: DictConfig, obj, prefix: str = "") -> list[str]:
+    """Keys of the composed `cfg` that the typed object built from it (`OmegaConf.to_object`) has no field
+    for: Hydra adds a `+key=value` without checking it, and to_object then drops it silently."""
+    if not dataclasses.is_dataclass(obj):
+        return []  # a plain dict field (e.g. backbone.tiny) takes any key
+    names = {f.name for f in dataclasses.fields(obj)}
+    found = []
+    for key in cfg:
+        if prefix == "" and key == "hydra":
+            continue
+        if key not in names:
+            found.append(f"{prefix}{key}")
+        elif isinstance(node := cfg._get_node(key), DictConfig):
+            found += unknown_keys(node, getattr(obj, str(key)), f"{prefix}{key}.")
+    return found
+
+
+def unknown_message(unknown: list[str], obj) -> str:
+    """One line: the unknown keys, each with the setting it most likely meant."""
+    known = _flat_fields(obj)
+    hints = []
+    for key in unknown:
+        parent, _, leaf = key.rpartition(".")
+        siblings = [k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent]
+        near = [k for k in known if k.rpartition(".")[2] == leaf] or [
+            f"{parent}.{m}" if parent else m for m in difflib.get_close_matches(leaf, siblings, 1)
+        ]
+        hints.append(f"{near[0]}=..." if near else "remove it")
+    return (
+        f"{', '.join(unknown)}: no such setting (a +key is added unchecked and would be ignored). "
+        f"Fix: {', '.join(hints)}"
+    )
+
+
+def _flat_fields(obj, prefix: str = "") -> list[str]:
+    out = []
+    for f in dataclasses.fields(obj) if dataclasses.is_dataclass(obj) else []:
+        value = getattr(obj, f.name)
+        out += _flat_fields(value, f"{prefix}{f.name}.") if dataclasses.is_dataclass(value) else []
+        out.append(f"{prefix}{f.name}")
+    return out
 
 
 def dir_problem(path: Path, key: str) -> str | None:

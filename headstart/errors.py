@@ -4,6 +4,7 @@ TreeError, CacheFullError, ...) are ValueErrors whose message names the cause an
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from contextlib import contextmanager
@@ -27,6 +28,20 @@ def exit_user_error(message: str) -> None:
     sys.exit(EXIT_USER_ERROR)
 
 
+def os_error_message(e: OSError) -> str | None:
+    """One line for the OS errors a user fixes outside the program (a full disk, a read-only or foreign folder),
+    naming the path; None for the others (they stay tracebacks: they are bugs until shown otherwise)."""
+    path = e.filename or "the output folder"  # a failed write() names no file; callers add it where they can
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"disk full at {path} ({e.strerror}). Fix: free space there, or write elsewhere"
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return (
+            f"{path} is not writable ({e.strerror}). Fix: a writable folder (run_dir=, out_dir=, --out, or "
+            "HEADSTART_CACHE for the caches)"
+        )
+    return None
+
+
 @contextmanager
 def exit_on_user_error():
     try:
@@ -35,3 +50,7 @@ def exit_on_user_error():
         if os.environ.get("HEADSTART_TRACEBACK"):
             raise
         exit_user_error(str(e))
+    except OSError as e:
+        if os.environ.get("HEADSTART_TRACEBACK") or (message := os_error_message(e)) is None:
+            raise
+        exit_user_error(message)

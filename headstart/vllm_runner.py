@@ -10,9 +10,11 @@ Used by the self-distillation regeneration (`data.regen.engine=vllm`) and the se
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -140,6 +142,8 @@ class VllmEngine:
             stderr=self._log,
             text=True,
             env={**os.environ, **(env or {}), "PYTHONPATH": ""},  # nothing of the project's venv leaks in
+            # its own process group: the worker (and `kill` here) can end vLLM's processes with it
+            start_new_session=True,
         )
         ready = self._read()
         if "error" in ready:
@@ -199,15 +203,22 @@ class VllmEngine:
                 self.proc.stdin.close()
                 self.proc.wait(timeout=60)
             except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
+                self.kill()
         self._log.close()
         shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def kill(self) -> None:
+        """End the worker and every process vLLM started (its process group) now."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
 
     def __enter__(self) -> VllmEngine:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None and self.proc.poll() is None:  # Ctrl-C or an error mid-request: no quit
+            self.kill()
         self.close()
 
 

@@ -12,15 +12,53 @@ JSON line on the protocol stream (the original stdout; vLLM's own logging and pr
 
 The first line written is {"ready": true, "startup_s": ...} or {"error": "..."}. End of stdin (the parent died,
 even by kill -9) ends the worker.
+
+The worker dies with its parent, and takes vLLM's processes (EngineCore, its workers) with it: the parent
+starts it as the leader of its own process group, the kernel sends it SIGTERM when the parent dies
+(PR_SET_PDEATHSIG: a trainer killed mid-generate, e.g. by a scheduler's preemption, whose worker would
+otherwise not read stdin again), and on SIGTERM or SIGINT it kills its whole group. Without this, the engine
+processes stayed orphaned, holding a core and GBs of memory.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 import traceback
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent() -> None:
+    """SIGTERM to this process when the parent dies (Linux; elsewhere end of stdin still ends the worker)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _end_group(signum, frame) -> None:
+    """Kill the process group this worker leads (vLLM's EngineCore and workers included), then itself."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        os.killpg(os.getpgid(0), signal.SIGTERM)  # a chance to release GPU memory cleanly
+        time.sleep(1.0)
+    finally:
+        os.killpg(os.getpgid(0), signal.SIGKILL)  # includes this process
+
+
+def kill_group_on_signal() -> None:
+    if os.getpgid(0) != os.getpid():  # not a group leader (run by hand): never kill the caller's group
+        return
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _end_group)
 
 
 def _protocol_stream():
@@ -74,6 +112,8 @@ def _generate(llm, req: dict) -> dict:
 
 
 def main(spec_path: str) -> None:
+    kill_group_on_signal()
+    die_with_parent()
     out = _protocol_stream()
     with open(spec_path, encoding="utf-8") as f:
         spec = json.load(f)
@@ -86,6 +126,7 @@ def main(spec_path: str) -> None:
         traceback.print_exc()
         out.write(json.dumps({"error": f"{type(e).__name__}: {e}"}) + "\n")
         return
+    kill_group_on_signal()  # again: in case vLLM installed handlers of its own while starting
     out.write(json.dumps({"ready": True, "startup_s": time.perf_counter() - t0}) + "\n")
     for line in sys.stdin:
         if not line.strip():

@@ -6,6 +6,7 @@ the folder alone, and refuses a backbone whose hidden size or vocabulary differs
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -16,12 +17,17 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from headstart.digests import file_digest, mismatch
 from headstart.models import registry
 from headstart.models.backbone import Backbone, BackboneConfig, check_compatible
 from headstart.models.drafter import Drafter
 
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
+WEIGHTS_DIGEST = "weights_sha256"  # config.json: the digest of model.safetensors as written
 DRAFTER_DIR = "drafter"  # a run folder's final drafter, and the drafter inside every step checkpoint
+
+
+log = logging.getLogger("headstart.models")
 
 
 class CheckpointError(ValueError):
@@ -92,6 +98,7 @@ def save_drafter(
     state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
     with atomic_dir(out_dir) as tmp:
         save_file(state, tmp / WEIGHTS_NAME, metadata={"format": "pt", "method": method})
+        meta[WEIGHTS_DIGEST] = file_digest(tmp / WEIGHTS_NAME)  # checked by load_drafter
         (tmp / CONFIG_NAME).write_text(json.dumps(meta, indent=2, default=str))
     return out_dir
 
@@ -158,6 +165,18 @@ def load_drafter(path: str | Path, backbone: Backbone, meta: dict | None = None)
     method = registry.get(meta["method"])
     drafter = method.build_drafter(method.config(**meta["method_config"]), backbone, meta)
     try:
+        problem = mismatch(path / WEIGHTS_NAME, meta.get(WEIGHTS_DIGEST))
+    except FileNotFoundError as e:  # e.g. pruned by the training writing this run, after read_meta
+        raise CheckpointError(
+            f"{path / WEIGHTS_NAME} is gone (removed while it was being read, e.g. an old checkpoint pruned by "
+            "a training). Fix: use a newer checkpoint or the run's drafter/"
+        ) from e
+    if problem is not None:
+        raise CheckpointError(
+            f"{path / WEIGHTS_NAME}: {problem}, so it does not hold the trained weights. Fix: restore the "
+            "file or use another checkpoint (e.g. checkpoints/step_*/drafter of the run)"
+        )
+    try:
         state = load_file(path / WEIGHTS_NAME)
         state |= {key: state[src] for key, src in meta.get("tied_keys", {}).items()}
         drafter.load_state_dict(state, strict=True)
@@ -211,6 +230,17 @@ def step_of(path: Path, meta: dict) -> int | None:
     return found[-1] if found else None
 
 
+def _configs_under(root: Path, tries: int = 5) -> list[Path]:
+    """Every config.json under `root`; a training beside us renames `step_*.tmp` folders while the walk runs
+    (a vanished folder: walk again)."""
+    for _ in range(tries - 1):
+        try:
+            return sorted(root.rglob(CONFIG_NAME))
+        except FileNotFoundError:
+            continue
+    return sorted(root.rglob(CONFIG_NAME))
+
+
 def find_checkpoints(path: str | Path) -> dict[Path, dict]:
     """{folder: its config.json} for a checkpoint folder itself, or for every checkpoint folder under a run
     folder (half-written `*.tmp*` ones skipped), in path order."""
@@ -223,7 +253,7 @@ def find_checkpoints(path: str | Path) -> dict[Path, dict]:
     if (root / WEIGHTS_NAME).is_file() and (root / CONFIG_NAME).is_file():  # a drafter folder itself
         return {root: read_meta(root)}
     found = {}
-    for config in sorted(root.rglob(CONFIG_NAME)):
+    for config in _configs_under(root):
         if not half_written(config.parent.relative_to(root)) and (meta := checkpoint_meta(config.parent)):
             found[config.parent] = meta
     if not found:

@@ -17,10 +17,12 @@ Readers that serve the drafter (exports, the serve check, bench-decode) pick the
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+log = logging.getLogger(__name__)
 DECODING_NAME = "decoding.json"
 FORMAT = 2  # 2: {"format", "records": [...]}; a bare record at the top level is the first format
 # what makes two records the same condition (besides version and lookup_tokens)
@@ -64,12 +66,20 @@ def _records_of(data) -> list[dict]:
 
 
 def read_decodings(path: str | Path) -> list[dict]:
-    """Every record in the folder's decoding.json (oldest first); [] when absent or unreadable."""
+    """Every record in the folder's decoding.json (oldest first); [] when absent, or unreadable (saying so: the
+    tuner runs again or the hand-set defaults are used)."""
+    file = Path(path) / DECODING_NAME
     try:
-        data = json.loads((Path(path) / DECODING_NAME).read_text())
-    except (OSError, ValueError):
+        data = json.loads(file.read_text())
+    except FileNotFoundError:
         return []
-    return _records_of(data)
+    except (OSError, ValueError) as e:
+        log.warning("%s is unreadable (%s): its tuned settings are not used; rerun the tuner", file, e)
+        return []
+    records = _records_of(data)
+    if not records:
+        log.warning("%s holds no decoder settings: they are not used; rerun the tuner", file)
+    return records
 
 
 def write_decodings(path: str | Path, records: list[dict]) -> Path:

@@ -95,3 +95,13 @@ class RowCache:
                 self.rows = weight.index_select(0, token_map.to(weight.device))  # (Dv, H)
             self.key = key
         return self.rows
+
+
+def check_draft_vocab(draft_vocab_size: int, vocab_size: int) -> None:
+    """A draft vocabulary larger than the backbone's would silently train over the full one while config.json
+    recorded the larger number: refused."""
+    if draft_vocab_size > vocab_size:
+        raise ValueError(
+            f"method.draft_vocab_size={draft_vocab_size} is more than the backbone's vocabulary "
+            f"({vocab_size} ids). Fix: method.draft_vocab_size=0 (the full vocabulary) or at most {vocab_size}"
+        )

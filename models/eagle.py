@@ -36,6 +36,7 @@ from headstart.models.draft_vocab import (
     RowCache,
     build_vocab_map,
     check_coverage,
+    check_draft_vocab,
     label_counts,
     select_from_data,
     target_to_draft,
@@ -96,6 +97,8 @@ class EagleDrafter(DrafterBase):
             self.fc = nn.Linear(2 * h, h, bias=True)
             self.layer.input_layernorm = nn.Identity()  # EAGLE-1's layer 0 has no input norm
         # EAGLE-1 over a truncated draft vocabulary: the frozen lm_head's token_map rows (gathered once, unsaved)
+        if not self.v3:  # EAGLE-3's default (32000) is clamped by design; the size used is in data_stats
+            check_draft_vocab(cfg.draft_vocab_size, vocab_size)
         self.truncated = not self.v3 and 0 < cfg.draft_vocab_size < vocab_size
         if self.truncated:
             self.register_buffer("token_map", torch.arange(cfg.draft_vocab_size))  # draft id -> target id

@@ -72,8 +72,13 @@ class Eagle3Config:
 
     def __post_init__(self) -> None:
         loss_mix(self)
-        if not 1 <= self.ttt_steps <= 16 or not 0 < self.decay <= 1:
-            raise ValueError("method.ttt_steps must be in 1..16 and method.decay in (0, 1]")
+        if not 1 <= self.ttt_steps <= 16:
+            raise ValueError(
+                f"method.ttt_steps={self.ttt_steps}: must be in 1..16. Fix: method.ttt_steps=3 (the default) "
+                "or another value in 1..16"
+            )
+        if not 0 < self.decay <= 1:
+            raise ValueError(f"method.decay={self.decay}: must be in (0, 1]. Fix: method.decay=0.8, e.g.")
         if self.ttt_steps == 1 and (self.griffin_mask or self.skip_prompt_rows):
             raise ValueError(
                 "method.griffin_mask / method.skip_prompt_rows act on training-time-test steps 1..: with "

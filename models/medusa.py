@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from headstart.models.chunked_ce import compute_dtype, linear_cross_entropy, linear_soft_cross_entropy
-from headstart.models.draft_vocab import RowCache, select_from_data, target_to_draft
+from headstart.models.draft_vocab import RowCache, check_draft_vocab, select_from_data, target_to_draft
 from headstart.models.drafter import DrafterBase
 from headstart.models.eagle_ttt import teacher_targets
 from headstart.models.feature_cache import cached_layers, check_hidden_cache
@@ -57,7 +57,10 @@ class MedusaConfig:
     def __post_init__(self) -> None:
         loss_mix(self)
         if not 1 <= self.num_heads <= 16:
-            raise ValueError(f"method.num_heads={self.num_heads}: must be in 1..16")
+            raise ValueError(
+                f"method.num_heads={self.num_heads}: must be in 1..16. Fix: method.num_heads=4 (the default) "
+                "or another value in 1..16"
+            )
         if not 0 <= self.num_layers <= 8:
             raise ValueError(f"method.num_layers={self.num_layers}: must be in 0..8")
         if not 0.0 < self.decay <= 1.0:
@@ -90,6 +93,7 @@ class MedusaHeads(DrafterBase):
         self.cfg = cfg
         self.hidden_size, self.vocab_size = hidden_size, vocab_size
         dv = cfg.draft_vocab_size
+        check_draft_vocab(dv, vocab_size)
         self.truncated = 0 < dv < vocab_size
         self.draft_vocab_size = dv if self.truncated else vocab_size
         if (

@@ -2,12 +2,14 @@
 optimizer, scheduler, RNG and sampler state), `trainer_state.json` and `drafter/` (safetensors + config, what
 the eval stage scores). Each is written into a `.tmp` folder and renamed when complete, so a run killed while
 saving leaves the previous checkpoint as the latest one. `trainer_state.json`, written last, lists every file
-with its size: a checkpoint truncated or emptied later (a full disk, a bad copy) is skipped on resume, saying
-so, and the previous complete one is used.
+with its size and content digest (headstart/digests.py): a checkpoint truncated, emptied or with flipped bytes
+later (a full disk, a bad copy, bit rot) is skipped on resume, saying which file, and the previous complete
+one is used.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import shutil
@@ -17,6 +19,7 @@ from pathlib import Path
 
 from accelerate import Accelerator
 
+from headstart.digests import file_digest, mismatch
 from headstart.models.checkpoint import CONFIG_NAME, DRAFTER_DIR, CheckpointError
 
 STATE_NAME = "trainer_state.json"
@@ -38,7 +41,7 @@ def checkpoint_dirs(run_dir: Path) -> list[Path]:
 
 
 def verify_checkpoint(path: Path) -> str | None:
-    """None when `path` is a complete checkpoint, else what is wrong with it (cheap: sizes and headers)."""
+    """None when `path` is a complete checkpoint, else what is wrong with it (sizes, then content digests)."""
     try:
         state = json.loads((path / STATE_NAME).read_text())
     except FileNotFoundError:
@@ -47,12 +50,15 @@ def verify_checkpoint(path: Path) -> str | None:
         return f"{STATE_NAME} unreadable ({e})"
     if not isinstance(state, dict) or not isinstance(state.get("step"), int):
         return f"{STATE_NAME} has no step"
+    digests = state.get("digests", {})  # checkpoints written before digests were kept have none
     for name, size in state.get("files", {}).items():  # older checkpoints have no file list
         f = path / name
         if not f.is_file():
             return f"{name} is missing"
         if f.stat().st_size != size:
             return f"{name} has {f.stat().st_size} bytes, {size} were written"
+        if (problem := mismatch(f, digests.get(name), name)) is not None:
+            return problem
     return None
 
 
@@ -77,7 +83,9 @@ def find_resume_dir(run_dir: Path, resume: str) -> Path | None:
         if (problem := verify_checkpoint(path)) is None:
             return path
         log.warning(
-            "checkpoint %s is incomplete (%s): skipping it, resuming from an older one", path, problem
+            "checkpoint %s is damaged or incomplete (%s): skipping it, resuming from an older one",
+            path,
+            problem,
         )
     if candidates:
         raise CheckpointError(
@@ -95,12 +103,28 @@ def save_checkpoint(acc: Accelerator, run_dir: Path, step: int, save_drafter: Ca
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     acc.wait_for_everyone()
-    acc.save_state(str(tmp))
-    save_drafter(tmp / DRAFTER_DIR)
+    try:
+        acc.save_state(str(tmp))
+        save_drafter(tmp / DRAFTER_DIR)
+    except (OSError, RuntimeError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)  # the previous checkpoint stays the newest; free the space
+        # torch.save reports a full disk as "PytorchStreamWriter failed writing file ...: unexpected pos"
+        if isinstance(e, RuntimeError) and not any(
+            s in str(e) for s in ("unexpected pos", "file write failed")
+        ):
+            raise
+        if isinstance(e, RuntimeError):
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp)) from e
+        if e.filename is None:  # name the folder being written
+            raise OSError(e.errno, e.strerror, str(tmp)) from e
+        raise
     acc.wait_for_everyone()  # every rank's files are written before the list of them
     if acc.is_main_process:
-        files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
-        (tmp / STATE_NAME).write_text(json.dumps({"step": step, "files": files}, indent=1))
+        written = [p for p in sorted(tmp.rglob("*")) if p.is_file()]
+        files = {str(p.relative_to(tmp)): p.stat().st_size for p in written}
+        digests = {str(p.relative_to(tmp)): file_digest(p) for p in written}
+        state = {"step": step, "files": files, "digests": digests}
+        (tmp / STATE_NAME).write_text(json.dumps(state, indent=1))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
     acc.wait_for_everyone()

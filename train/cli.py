@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -25,9 +26,27 @@ def run_job(cfg: DictConfig, entry: str) -> None:
             job.run_dir = resolved["run_dir"] = f"{job.run_dir}/{tag}"
         from headstart.train.loop import train
 
-        final = train(job, resolved)
+        try:
+            final = train(job, resolved)
+        except KeyboardInterrupt:
+            stopped(job.run_dir, rank)
     if rank == 0:
         print(f"drafter written to {final}")
+
+
+def stopped(run_dir: str, rank: int) -> None:
+    """Ctrl-C: one line naming the checkpoint a rerun resumes from (instead of ~80 lines of traceback)."""
+    from tqdm.auto import tqdm
+
+    from headstart.train.checkpoints import checkpoint_dirs
+
+    for bar in list(getattr(tqdm, "_instances", [])):  # drawn now, not after this line at exit
+        bar.close()
+    if rank == 0:
+        done = checkpoint_dirs(Path(run_dir))
+        where = f"the last checkpoint is {done[-1]}" if done else "no checkpoint was saved yet"
+        print(f"stopped (Ctrl-C): {where}. Fix: rerun the same command to resume from it", file=sys.stderr)
+    sys.exit(130)  # 128 + SIGINT, as a shell reports it
 
 
 def sweep_tag() -> str:

@@ -10,6 +10,7 @@ the registry as `method_schema_<name>`), `method_name` and the method's optimize
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +18,13 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from headstart.cli_checks import missing_required, register_required_resolver, required_message
+from headstart.cli_checks import (
+    missing_required,
+    register_required_resolver,
+    required_message,
+    unknown_keys,
+    unknown_message,
+)
 from headstart.data import DataConfig
 from headstart.models import registry
 from headstart.models.backbone import BackboneConfig
@@ -34,8 +41,11 @@ class OptimConfig:
     grad_clip: float = 1.0  # 0 disables clipping
 
     def __post_init__(self) -> None:
-        if self.lr <= 0:
-            raise ValueError(f"optim.lr={self.lr}: must be > 0")
+        if not math.isfinite(self.lr) or self.lr <= 0:  # nan passes `<= 0`
+            raise ValueError(
+                f"optim.lr={self.lr}: must be a finite number > 0. Fix: optim.lr=1e-3 (Medusa's default; "
+                "EAGLE's is 1e-4)"
+            )
         if self.warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
             raise ValueError("optim.warmup_steps must be >= 0 and optim.min_lr_ratio in [0, 1]")
 
@@ -76,6 +86,13 @@ class TrainConfig:
                 f"train.mixed_precision={self.mixed_precision!r}: expected auto | no | bf16 | fp16. "
                 "Fix: train.mixed_precision=auto"
             )
+        for key in ("log_every", "eval_every", "save_every"):  # each is a step modulus
+            if getattr(self, key) < 1:
+                raise ValueError(
+                    f"train.{key}={getattr(self, key)}: must be >= 1 (every N steps; the last step always "
+                    f"logs, evaluates and saves). Fix: train.{key}={self.max_steps} (train.max_steps) for once "
+                    "at the end"
+                )
         if self.resume not in ("auto", "never") and not os.path.isdir(self.resume):
             raise ValueError(
                 f"train.resume={self.resume!r}: expected auto, never, or an existing checkpoint folder"
@@ -118,11 +135,18 @@ def to_job(cfg: DictConfig, entry: str | None = None) -> JobConfig:
     if missing := missing_required(cfg):
         raise ValueError(required_message(missing))
     job = OmegaConf.to_object(cfg)
+    if unknown := unknown_keys(cfg, job):
+        raise ValueError(unknown_message(unknown, job))
     method = registry.get(job.method_name)
     if registry.of_config(job.method) is not method:
         raise EntryError(
             f"method_name={job.method_name} but the method config is a {type(job.method).__name__}. "
             "Fix: choose the method with method=<name>, not method_name="
+        )
+    if job.data.eval_rows == 0:  # found only at the first eval otherwise, with no checkpoint saved
+        raise ValueError(
+            "data.eval_rows=0: training evaluates on held-out rows (every train.eval_every steps, at the end, "
+            "and the quick eval's prompts). Fix: data.eval_rows=1 or more (64 is the default)"
         )
     if entry is not None and method.entry != entry:
         raise EntryError(

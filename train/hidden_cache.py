@@ -8,7 +8,9 @@ K = the aux layers eagle_step reads (EAGLE-3: 3; EAGLE-1: none) followed by the 
 The key hashes everything that changes the content (backbone fingerprint incl. tokenizer and dtype, layers,
 the split's token ids, the storage dtype), so another backbone or dataset gets another folder. Each shard is
 written to a temporary name and renamed into place, then listed in the manifest (rewritten the same way): an
-interrupted build resumes at the first shard the manifest does not list. On load the manifest must agree with
+interrupted build resumes at the first shard the manifest does not list. The manifest records each shard's
+size and content digest, checked at every start: a shard truncated or damaged later is rebuilt with a warning
+naming it (an unreadable manifest: the cache is rebuilt). On load the manifest must agree with
 the job and every shard with the dataset (row ids, lengths, K, H, dtype); otherwise a HiddenCacheError names
 what differs. No pickle anywhere.
 """
@@ -30,6 +32,7 @@ from tqdm.auto import tqdm
 
 from headstart.data import TokenizedDataset, collate
 from headstart.data.cache import backbone_fingerprint
+from headstart.digests import file_digest, mismatch
 from headstart.models.backbone import DTYPES
 
 log = logging.getLogger("headstart.train")
@@ -118,7 +121,38 @@ def _check_meta(folder: Path, saved: dict, meta: dict) -> None:
 
 
 def _shard_done(folder: Path, name: str, info: dict | None) -> bool:
-    return info is not None and (folder / name).is_file() and (folder / name).stat().st_size == info["bytes"]
+    """Whether shard `name` is listed and still holds what was written (else it is rebuilt, saying why)."""
+    if info is None:
+        return False
+    path = folder / name
+    if not path.is_file():
+        problem = "missing"
+    elif path.stat().st_size != info["bytes"]:
+        problem = f"{path.stat().st_size} bytes, {info['bytes']} were written"
+    else:
+        problem = mismatch(path, info.get("sha256"))
+    if problem is not None:
+        log.warning("hidden-state cache shard %s is damaged (%s): rebuilding it", path, problem)
+    return problem is None
+
+
+def _read_manifest(folder: Path) -> dict | None:
+    """The folder's manifest; None when there is none, or (with a warning) when it is unreadable."""
+    try:
+        saved = json.loads((folder / MANIFEST).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        log.warning(
+            "hidden-state cache manifest %s is unreadable (%s): rebuilding the cache", folder / MANIFEST, e
+        )
+        return None
+    if not isinstance(saved, dict) or not isinstance(saved.get("plan"), list):
+        log.warning(
+            "hidden-state cache manifest %s has no shard plan: rebuilding the cache", folder / MANIFEST
+        )
+        return None
+    return saved
 
 
 @torch.no_grad()
@@ -143,17 +177,19 @@ def build_cache(
         "complete": False,
     }
     folder.mkdir(parents=True, exist_ok=True)
-    if (folder / MANIFEST).is_file():
-        saved = json.loads((folder / MANIFEST).read_text())
+    saved = _read_manifest(folder)
+    if saved is not None:
         _check_meta(folder, saved, meta)
-        if saved.get("complete"):
-            return saved
-        manifest["plan"], manifest["shards"] = saved["plan"], saved["shards"]  # resume with the saved plan
+        manifest["plan"], manifest["shards"] = saved["plan"], saved.get("shards", {})  # resume with its plan
     else:
         _write_json(folder / MANIFEST, manifest)  # the plan first: a resumed build keeps these shard bounds
     pad_id = backbone.tokenizer.pad_token_id
     names = [f"shard_{i:05d}.safetensors" for i in range(len(manifest["plan"]))]
     todo = [i for i, n in enumerate(names) if not _shard_done(folder, n, manifest["shards"].get(n))]
+    if saved is not None and saved.get("complete"):
+        if not todo:
+            return saved
+        _write_json(folder / MANIFEST, manifest)  # no longer complete until the damaged shards are rebuilt
     if todo and todo[0]:
         log.info("hidden cache %s: resuming at shard %d of %d", folder, todo[0], len(names))
     bar = tqdm(
@@ -185,7 +221,12 @@ def build_cache(
             os.replace(tmp, folder / names[i])
         finally:
             tmp.unlink(missing_ok=True)
-        manifest["shards"][names[i]] = {"rows": end - start, "bytes": (folder / names[i]).stat().st_size}
+        path = folder / names[i]
+        manifest["shards"][names[i]] = {
+            "rows": end - start,
+            "bytes": path.stat().st_size,
+            "sha256": file_digest(path),
+        }
         _write_json(folder / MANIFEST, manifest)  # the shard counts only once it is listed here
     bar.close()
     manifest["complete"] = True
@@ -285,8 +326,7 @@ def offline_datasets(
     for split, ds in splits.items():
         meta = cache_meta(backbone, layers, ds, dtype)
         folder = Path(root) / meta["key"]
-        manifest_file = folder / MANIFEST
-        reused = manifest_file.is_file() and json.loads(manifest_file.read_text()).get("complete", False)
+        reused = bool((_read_manifest(folder) or {}).get("complete", False))
         build_cache(backbone, layers, ds, folder, dtype, batch_tokens, show_progress=show_progress)
         out[split] = CachedHiddenDataset(ds, folder, meta)
         size = out[split].bytes

@@ -24,6 +24,7 @@ from accelerate.utils import DistributedType, ProjectConfiguration, set_seed
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
+from headstart.cli_checks import dir_problem
 from headstart.data import build_datasets, collate
 from headstart.hardware import machine_facts, resolve_dtype, resolve_mixed_precision
 from headstart.logs import FILE_ONLY
@@ -43,6 +44,7 @@ from headstart.train.config import JobConfig, TrainConfig
 from headstart.train.hidden_cache import collate_hidden, offline_datasets
 from headstart.train.metrics import GradNorm, MetricSums, Throughput, head_topk_accuracy, progress
 from headstart.train.monitor import banner, data_line, init_tracking, log_artifact, measured_tau, trace_rows
+from headstart.train.run_lock import run_lock
 from headstart.train.sampling import EpochShuffle, LengthGrouped
 
 log = logging.getLogger("headstart.train")
@@ -138,9 +140,17 @@ class Run:
 
 
 def train(job: JobConfig, resolved: dict) -> Path:
-    """Train job.method on job.backbone; returns the folder of the final drafter."""
+    """Train job.method on job.backbone; returns the folder of the final drafter. The main process holds the
+    run folder's lock throughout (a second job on it is refused before it reads or moves anything)."""
     resolve_dtypes(job, resolved)
     acc = make_accelerator(job.train, job.logger, job.run_dir)
+    with run_lock(Path(job.run_dir), acc.is_main_process):
+        return _train(job, resolved, acc)
+
+
+def _train(job: JobConfig, resolved: dict, acc: Accelerator) -> Path:
+    if (problem := dir_problem(Path(job.cache_dir), "cache_dir")) is not None:  # before hours of training
+        raise ValueError(f"{problem} (its default: $HEADSTART_CACHE, else ~/.cache/headstart)")
     set_seed(job.train.seed)
     banner(job, acc, resolved["compute"]["machine"])
     resume_dir = prepare_run_dir(job, resolved, acc)
@@ -158,6 +168,12 @@ def prepare_run_dir(job: JobConfig, resolved: dict, acc: Accelerator) -> Path | 
     t, run_dir = job.train, Path(job.run_dir)
     resume_dir = find_resume_dir(run_dir, t.resume)  # the newest complete checkpoint (damaged ones skipped)
     check_resumable(resume_dir, run_dir, resolved)  # trained with these settings, or refused
+    if resume_dir is not None and (done := read_step(resume_dir)) > t.max_steps:
+        raise ValueError(  # else the step-`done` drafter would stay while config.json said max_steps
+            f"run_dir={run_dir} holds checkpoint {resume_dir.name}, past train.max_steps={t.max_steps}. Fix: "
+            f"train.max_steps={done} or more to keep or continue it, train.resume=never to start over (the "
+            "old run is moved aside), or another run_dir=..."
+        )
     if acc.is_main_process:
         if t.resume == "never" and (moved := set_aside_previous_run(run_dir)) is not None:
             log.warning("train.resume=never: moved the previous run's checkpoints and drafter to %s", moved)
@@ -182,6 +198,11 @@ def build(job: JobConfig, resolved: dict, acc: Accelerator) -> Run:
         )
     log.info("data: %s", json.dumps(data_stats, default=str), extra=FILE_ONLY)
     data_line(job, acc, data_stats, len(train_ds), len(eval_ds))
+    if len(eval_ds) == 0:
+        raise ValueError(
+            f"data: none of the data.eval_rows={job.data.eval_rows} held-out rows is usable (too long or empty), "
+            "so the drafter cannot be evaluated. Fix: more data.eval_rows or a larger data.max_length"
+        )
 
     method = registry.get(job.method_name)
     step_fn = method.step_fn()
@@ -373,8 +394,12 @@ def finish(run: Run, step: int, last_eval: dict) -> Path:
             tmp = final.with_name(DRAFTER_DIR + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.copytree(last, tmp)
-            shutil.rmtree(final, ignore_errors=True)
+            old = final.with_name(DRAFTER_DIR + ".old")  # a reader never finds drafter/ missing for long
+            shutil.rmtree(old, ignore_errors=True)
+            if final.exists():
+                final.rename(old)
             tmp.rename(final)
+            shutil.rmtree(old, ignore_errors=True)
         (run_dir / "final_eval.json").write_text(json.dumps(final_eval, indent=2))
     acc.wait_for_everyone()
     if run.log_model != "none":

@@ -12,6 +12,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 import headstart.data
+from headstart.cli_checks import unknown_keys, unknown_message
 from headstart.eval.engine.compiled import COMPILE_MODES
 from headstart.eval.engine.proposers import DRAFT, PROPOSERS, TREE_METHODS, TREE_NAMES
 from headstart.eval.errors import EvalError  # noqa: F401  (re-raised by the entry scripts)
@@ -84,8 +85,12 @@ class EvalConfig:
             raise EvalError(f"temperature={self.temperature}: must be >= 0 (0 is greedy). Fix: temperature=0")
         if not 0 < self.top_p <= 1:
             raise EvalError(f"top_p={self.top_p}: must be in (0, 1]")
-        if self.max_new_tokens < 1 or self.max_cache_len < 2:
-            raise EvalError("max_new_tokens must be >= 1 and max_cache_len >= 2")
+        for key, value, least, fix in (
+            ("max_new_tokens", self.max_new_tokens, 1, "128 (the default)"),
+            ("max_cache_len", self.max_cache_len, 2, "2048 (the default)"),
+        ):
+            if value < least:
+                raise EvalError(f"{key}={value}: must be >= {least}. Fix: {key}={fix}")
         for key, value in self.proposer_options().items():
             if key != "tree" and value < 1:
                 raise EvalError(f"{key}={value}: must be >= 1. Fix: {key}=null for the proposer's default")
@@ -158,8 +163,11 @@ def register_configs() -> None:
 def to_eval_config(cfg: DictConfig) -> EvalConfig:
     """Composed DictConfig -> EvalConfig (runs the __post_init__ checks; their ValueErrors are user errors)."""
     try:
-        return OmegaConf.to_object(cfg)
+        config = OmegaConf.to_object(cfg)
     except EvalError:
         raise
     except ValueError as e:  # a nested schema's range check (logger.kind=..., timing.rel_ci=...)
         raise EvalError(str(e)) from e
+    if unknown := unknown_keys(cfg, config):
+        raise EvalError(unknown_message(unknown, config))
+    return config

@@ -50,10 +50,14 @@ class TimingConfig:
                 "timing: budget_s >= 0, 0 < rel_ci < 1, max_rounds >= 1 and outlier > 1 expected "
                 f"(got {self.budget_s}, {self.rel_ci}, {self.max_rounds}, {self.outlier})"
             )
-        if self.retries < 0 or self.threads < 0 or self.cost_reps < 3 or self.bound_tol < 0:
-            raise TimingError(
-                "timing: retries >= 0, threads >= 0, cost_reps >= 3 and bound_tol >= 0 expected"
-            )
+        for key, value, least, fix in (
+            ("retries", self.retries, 0, "2 (the default)"),
+            ("threads", self.threads, 0, "0 (the cores free at the start) or a core count"),
+            ("cost_reps", self.cost_reps, 3, "15 (the default)"),
+            ("bound_tol", self.bound_tol, 0, "0.15 (the default)"),
+        ):
+            if value < least:
+                raise TimingError(f"timing.{key}={value}: must be >= {least}. Fix: timing.{key}={fix}")
 
 
 # ---------------------------------------------------------------- conditions and threads

@@ -13,6 +13,7 @@ from headstart.models.checkpoint import read_meta, resolve_checkpoint
 from headstart.models.decoding import pick, read_decodings
 from headstart.models.export.card import THIS_REPO, find_report
 from headstart.models.export.hub import check_hub_access, push_folder
+from headstart.models.export.publish import check_out, publish, staged
 from headstart.models.export.serve_card import append_serve_check, find_serve_check
 
 log = logging.getLogger("headstart.export")
@@ -63,14 +64,23 @@ def export(
             f"{drafter_dir} holds a {method.name} drafter, which exports as {list(method.layouts)}, not {wrong}. "
             "Fix: --layout all (every layout of the method) or one of those"
         )
+    out = Path(out)
+    check_out(out)  # never into a checkpoint, a drafter or a run's own state: before any work
     if push:
         check_hub_access(push)  # before writing anything: no token / no network is one line, not a traceback
-    folders = method.exporter()(drafter_dir, meta, Path(out), layouts, find_report(drafter_dir))
-    for folder in folders:  # vLLM's figures, when the serve check ran (eval/serve_check.py)
-        append_serve_check(folder / "README.md", drafter_dir)
+    with staged(out) as tmp:  # each layout written whole, then renamed into place
+        written = method.exporter()(drafter_dir, meta, tmp, layouts, find_report(drafter_dir))
+        for folder in written:  # vLLM's figures, when the serve check ran (eval/serve_check.py)
+            append_serve_check(folder / "README.md", drafter_dir)
+            if push:  # the card's serving snippets name the repo it is pushed to
+                card = folder / "README.md"
+                card.write_text(card.read_text().replace(THIS_REPO, repo_id(push, folder, written)))
+        folders = publish(tmp, out, written)
     for folder in folders if push else []:
-        repo_id = push if len(folders) == 1 else f"{push}-{folder.name}"
-        card = folder / "README.md"  # its serving snippets name the repo they are pushed to
-        card.write_text(card.read_text().replace(THIS_REPO, repo_id))
-        push_folder(folder, repo_id, private)
+        push_folder(folder, repo_id(push, folder, folders), private)
     return folders
+
+
+def repo_id(push: str, folder: Path, folders: list[Path]) -> str:
+    """The Hub repo of one exported folder: `push` itself, suffixed -<layout> when there are several."""
+    return push if len(folders) == 1 else f"{push}-{folder.name}"

@@ -48,7 +48,13 @@ def training_conversations(meta: dict) -> str:
 def find_report(drafter_dir: Path) -> dict | None:
     for cand in (drafter_dir / "eval" / "report.json", drafter_dir.parent / "eval" / "report.json"):
         if cand.is_file():
-            return json.loads(cand.read_text())
+            try:
+                return json.loads(cand.read_text())
+            except (OSError, UnicodeDecodeError, ValueError) as e:
+                raise ValueError(
+                    f"{cand} is unreadable ({type(e).__name__}), so the model cards cannot quote it. Fix: rerun "
+                    "the eval stage to rewrite it, or move it away to export without measured figures"
+                ) from e
     return None
 
 

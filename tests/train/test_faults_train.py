@@ -67,7 +67,7 @@ def test_truncated_or_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_p
     (newest / "optimizer.bin").unlink()
     res = run_train(over)
     log = res.stdout + res.stderr
-    assert f"checkpoint {newest} is incomplete (model.safetensors has 100 bytes" in log
+    assert f"checkpoint {newest} is damaged or incomplete (model.safetensors has 100 bytes" in log
     assert "step_00000003 at step 3" in log
     assert json.loads((run_dir / "drafter" / "config.json").read_text())["step"] == 6
     # no complete checkpoint at all: refused, naming the fix
