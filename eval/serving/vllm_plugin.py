@@ -28,7 +28,7 @@ import numpy as np
 SUPPORTED_VLLM = "0.32."
 CONFIG_KEY = "headstart_lookup"
 MAX_NGRAM = 3
-log = logging.getLogger(__name__)
+log = logging.getLogger("vllm.headstart_lookup")  # a child of vLLM's logger: its handlers print it
 
 
 def find_match(context: np.ndarray, max_ngram: int, num_tokens: int) -> tuple[int, list[int]]:
