@@ -18,17 +18,18 @@ import torch
 from tqdm.auto import tqdm
 
 from headstart.eval.engine.decoder import Decoder, build_decoder
-from headstart.eval.engine.proposers import DRAFT, PROPOSERS, VANILLA
+from headstart.eval.engine.proposers import DRAFT, LOOKAHEAD, PROPOSERS, VANILLA
 from headstart.eval.errors import EvalError
 from headstart.eval.report.compare import compare, write_compare
 from headstart.eval.report.write import log_wandb, write_report, write_runs_summary
 from headstart.eval.scoring.measure import score_prompts
+from headstart.eval.scoring.memory import MemoryUse, measure_memory, memory_report
 from headstart.eval.scoring.score import GenOpts, aggregate, check_fits
 from headstart.eval.stage.config import EvalConfig
 from headstart.eval.stage.prompts import PromptSet, chat_ids, load_prompts
 from headstart.eval.tuning.tuner import decoding_report, load_or_tune, probe_ids
 from headstart.models import registry
-from headstart.models.backbone import Backbone, BackboneConfig, load_backbone
+from headstart.models.backbone import Backbone, BackboneConfig, eos_token_ids, load_backbone
 from headstart.models.checkpoint import LoadedDrafter, find_checkpoints, load_drafter, step_of
 from headstart.models.export.serve_card import find_serve_check
 from headstart.models.int8 import for_decoding
@@ -149,10 +150,11 @@ class Evaluator:
         sides: dict[str, Side] = {}  # "drafter" is never a baseline's name
         if drafter:
             sides[DRAFTER] = self.drafter_side(target, out_dir)
-        default = {"source": "default", "options": {}, "tuner": None}  # the user's and tuner's: the drafter's
-        for b in dict.fromkeys(baselines):
-            spec = build_decoder(b, target.backbone, None, max_cache_len=cfg.max_cache_len)
-            sides[b] = Side(b, spec, dict(default), out_dir / "baselines" / b, baseline=True)
+        for b in dict.fromkeys(baselines):  # the tuner's and the drafter's options are the drafter's alone
+            chosen = cfg.lookahead.set() if b == LOOKAHEAD else {}
+            spec = build_decoder(b, target.backbone, None, max_cache_len=cfg.max_cache_len, **chosen)
+            settings = {"source": "user" if chosen else "default", "options": chosen, "tuner": None}
+            sides[b] = Side(b, spec, settings, out_dir / "baselines" / b, baseline=True)
         if not sides:
             raise EvalError("nothing to score: no drafter and no baselines")
         n = len(self.prompts.prompts)
@@ -169,16 +171,31 @@ class Evaluator:
                 on_prompt=lambda i, total: bar.update(i - bar.n),
                 timing=cfg.timing,
             )
+        memory = self._memory(vanilla, {name: side.decoder for name, side in sides.items()}, target.backbone)
         out: dict = {"baselines": {}}
         for name, side in sides.items():
-            res = self._report(target, side, records[name], timings[name])
+            use = memory_report(memory[name], memory[VANILLA])
+            res = self._report(target, side, records[name], timings[name], use)
             if side.baseline:
                 out["baselines"][name] = res["report"]
             else:
                 out |= res
         return out
 
-    def _report(self, target: Target, side: Side, records: list[dict], timing: dict) -> dict:
+    def _memory(
+        self, vanilla: Decoder, specs: dict[str, Decoder], backbone: Backbone
+    ) -> dict[str, MemoryUse]:
+        """Each side's memory (eval/scoring/memory.py) on the first prompt's first turn, untimed, after the
+        timing rounds so the profiler cannot touch their figures."""
+        first = self.prompts.prompts[0]
+        ids = chat_ids(backbone.tokenizer, [{"role": "user", "content": first.turns[0]}])
+        eos = eos_token_ids(backbone)
+        return {
+            name: measure_memory(dec, ids, self.cfg.max_new_tokens, eos)
+            for name, dec in {VANILLA: vanilla, **specs}.items()
+        }
+
+    def _report(self, target: Target, side: Side, records: list[dict], timing: dict, memory: dict) -> dict:
         cfg, n, ckpt, method = self.cfg, len(self.prompts.prompts), target.ckpt, side.method
         report = {
             "method": method,
@@ -203,11 +220,17 @@ class Evaluator:
             "timing": timing,  # pairs, rounds, step costs, bound, flags, threads and load (eval/timing/harness.py)
             # vLLM's figures for this drafter when `./launch.sh serve-check` ran on it (eval/serve_check.py)
             "vllm_serve_check": None if side.baseline else find_serve_check(ckpt),
+            "memory": memory,  # this side's and vanilla's peak, the drafter's bytes, its state (scoring/memory.py)
         }
         per_turn = sum(r["vanilla"]["new_tokens"] for r in records) / sum(
             len(p.turns) for p in self.prompts.prompts
         )
         settings = side.settings
+        if method == LOOKAHEAD:  # steps with pool guesses, and where the accepted path ended (every decode)
+            la = side.decoder.proposer
+            settings["lookahead"] = (
+                dict(zip(("window", "ngram", "guesses"), la.options.resolved())) | la.counts
+            )
         if cfg.lookup_tokens and not side.baseline:  # steps the branch added nodes / gave the accepted path,
             # over every decode of the run (warm-up and timing rounds included)
             settings["lookup_branch"] = {"tokens": cfg.lookup_tokens, **side.decoder.proposer.counts}

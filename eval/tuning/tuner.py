@@ -430,6 +430,8 @@ def decoding_report(settings: dict, report: dict, new_tokens: float, tol: float 
         "lookup_branch"
     ):  # the user's, on top of the tree (eval/engine/proposers/lookup_branch.py)
         out["lookup_branch"] = settings["lookup_branch"]
+    if settings.get("lookahead"):  # its W, N, G and how its branches did (eval/engine/proposers/lookahead.py)
+        out["lookahead"] = settings["lookahead"]
     rec = settings["tuner"]
     if rec is None:
         return out
