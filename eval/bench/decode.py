@@ -1,11 +1,14 @@
 """Benchmark our decoder against Hugging Face `generate` on the same prompts and model, interleaved per prompt.
 
     python eval/bench/decode.py --checkpoint DIR --prompts FILE --n 10 --max-new-tokens 128 --dtype bfloat16
-    python eval/bench/decode.py --backbone tiny --n 4          # no drafter: vanilla + prompt lookup only
+    python eval/bench/decode.py --backbone tiny --n 4          # no drafter: vanilla + the training-free methods
     python eval/bench/decode.py --backbone tiny --verify-costs  # verify cost by width, eager / compiled / roofline
 
-Rows: ours vanilla, ours <the checkpoint's proposer> (with --checkpoint), ours prompt_lookup, ours draft (with --draft); HF greedy,
-HF prompt lookup (`prompt_lookup_num_tokens`), HF assisted (`assistant_model`, with --draft). All greedy.
+Rows: ours vanilla, ours <the checkpoint's proposer> without and with its prompt-lookup branch (with
+--checkpoint; --lookup-tokens 0 drops the second), ours prompt_lookup, ours lookahead, ours draft (with --draft);
+HF greedy, HF prompt lookup (`prompt_lookup_num_tokens`), HF assisted (`assistant_model`, with --draft). All greedy.
+Ours rows also get per-token latency p50/p99 (a step's time shared by the tokens it emitted, over every timed run)
+and memory: peak GB of one decode and its overhead over ours vanilla (eval/scoring/memory.py).
 tau = tokens per target forward after the prefill (the prefill's token and forward excluded, as in our
 `DecodeStats.tau`; for HF, forwards are counted by a hook on the target model), so plain decoding has tau = 1.
 Speedup is against our vanilla, `vs HF` against HF greedy: medians of per-prompt ratios, every method run on a
@@ -18,14 +21,18 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from headstart.errors import exit_on_user_error
 from headstart.eval.engine.compiled import COMPILE_MODES
+from headstart.eval.engine.proposers.lookahead import LookaheadOptions
 from headstart.eval.errors import EvalError
+from headstart.eval.scoring.memory import GB, measure_memory
+from headstart.eval.scoring.score import token_latencies
 from headstart.eval.stage.config import DEFAULT_PROMPTS
 from headstart.eval.stage.evaluate import resolve_device
 from headstart.eval.stage.prompts import chat_ids, load_prompts
@@ -61,7 +68,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="medusa / eagle candidate-tree size (0: the checkpoint's decoding.json, else the decoder default)",
     )
-    p.add_argument("--lookup-tokens", type=int, default=0, help="the drafter's prompt-lookup branch (eval's)")
+    p.add_argument(
+        "--lookup-tokens",
+        type=int,
+        default=4,
+        help="the drafter's prompt-lookup branch (eval's): a second drafter row with it; 0: no such row",
+    )
+    for knob, what in (("window", "W"), ("ngram", "N"), ("guesses", "G")):
+        p.add_argument(
+            f"--lookahead-{knob}", type=int, default=0, help=f"lookahead decoding's {what}; 0: default"
+        )
     p.add_argument(
         "--draft-weights",
         default="auto",
@@ -108,6 +124,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"--widths {args.widths} / --context {args.context} / --reps {args.reps}: expected positive "
             "integers (widths comma-separated). Fix: --widths 1,2,4,8"
         )
+    knobs = {k: getattr(args, f"lookahead_{k}") for k in ("window", "ngram", "guesses")}
+    if any(v < 0 for v in knobs.values()):
+        raise EvalError(f"--lookahead-* must be >= 0 (0: the default), got {knobs}")
+    try:
+        args.lookahead = LookaheadOptions(**{k: v or None for k, v in knobs.items()})
+    except ValueError as e:  # e.g. --lookahead-ngram 1
+        raise EvalError(str(e)) from e
     args.draft_weights = args.draft_weights.split(",")
     bad = [w for w in args.draft_weights if w not in INT8_MODES]
     if bad or len(set(args.draft_weights)) != len(args.draft_weights):
@@ -130,6 +153,18 @@ def pick_prompts(path: str, n: int) -> list[str]:
     return out
 
 
+@dataclass
+class Run:
+    """One decode of a prompt by one method."""
+
+    tokens: list[int]
+    stepped: int  # tokens after the prefill's
+    forwards: int  # target forwards after the prefill
+    draft_s: float | None = None  # ours: the proposer's seconds (None: HF generate has no such timer)
+    step_latency_s: list[float] = field(default_factory=list)  # ours: per step (HF: not seen)
+    accepted_per_step: list[int] = field(default_factory=list)
+
+
 class ForwardCounter:
     """Counts calls of a module's forward (a hook), e.g. the target's verify forwards inside HF generate."""
 
@@ -146,8 +181,7 @@ class ForwardCounter:
 
 
 def hf_runner(backbone: Backbone, max_new_tokens: int, eos: list[int], assistant=None, **gen_kw):
-    """HF `generate`, greedy (`gen_kw` go into its GenerationConfig); returns (new tokens, tokens after the
-    prefill's, target forwards after the prefill)."""
+    """HF `generate`, greedy (`gen_kw` go into its GenerationConfig); runs return a `Run`."""
     from transformers import GenerationConfig
 
     gen = GenerationConfig(
@@ -160,63 +194,76 @@ def hf_runner(backbone: Backbone, max_new_tokens: int, eos: list[int], assistant
     kw = {"assistant_model": assistant.model} if assistant is not None else {}
 
     @torch.no_grad()
-    def run(ids: list[int]) -> tuple[list[int], int, int]:
+    def run(ids: list[int]) -> Run:
         x = torch.tensor([ids], device=backbone.device)
         with ForwardCounter(backbone.model) as counter:
             out = backbone.model.generate(x, attention_mask=torch.ones_like(x), generation_config=gen, **kw)
         tokens = out[0, len(ids) :].tolist()
-        return tokens, len(tokens) - 1, counter.calls - 1, None  # no draft timer inside generate
+        return Run(tokens, len(tokens) - 1, counter.calls - 1)
 
     return run
 
 
 def ours_runner(decoder, max_new_tokens: int, eos: list[int]):
-    def run(ids: list[int]) -> tuple[list[int], int, int]:
+    def run(ids: list[int]) -> Run:
         out = decoder.generate(ids, max_new_tokens, temperature=0.0, eos_token_ids=eos)
-        stats = out.stats
-        return list(out.tokens), sum(stats.accepted_per_step), stats.target_forwards, stats.time_s["draft"]
+        st = out.stats
+        return Run(list(out.tokens), sum(st.accepted_per_step), st.target_forwards, st.time_s["draft"],
+                   list(st.step_latency_s), list(st.accepted_per_step))  # fmt: skip
 
     return run
 
 
-def build_methods(args, backbone: Backbone, draft: Backbone | None, cache_len: int) -> dict:
-    from headstart.eval.engine.decoder import Decoder, build_decoder
+def build_methods(args, backbone: Backbone, draft: Backbone | None, cache_len: int) -> tuple[dict, dict]:
+    """-> (name -> run function, name -> our Decoder for the rows that have one: their memory is measured)."""
+    from headstart.eval.engine.decoder import Decoder
     from headstart.eval.engine.proposers.draft_model import DraftOptions
     from headstart.eval.engine.proposers.prompt_lookup import PromptLookupOptions
-    from headstart.models import registry
-    from headstart.models.checkpoint import LoadedDrafter, load_drafter
     from headstart.models.decoding import pick, read_decodings
-    from headstart.models.int8 import for_decoding
 
     eos, n, k = eos_token_ids(backbone), args.max_new_tokens, args.num_draft_tokens
-    ours = {"max_cache_len": cache_len, "compile": args.compile}  # every one of ours: the same kernels
-    methods = {"ours vanilla": ours_runner(Decoder(backbone, "vanilla", **ours), n, eos)}
+    kw = {"max_cache_len": cache_len, "compile": args.compile}  # every one of ours: the same kernels
+    ours = {"ours vanilla": Decoder(backbone, "vanilla", **kw)}
     if args.checkpoint:
         picked = pick(read_decodings(args.checkpoint), greedy=True, device=backbone.device.type)
         if picked:  # which record the tree comes from (a plain choice still benchmarks its declined tree)
             print(picked.note)
-        tuned = picked.record.get("decoder", {}) if picked else {}
-        opts = {"tree_nodes": args.tree_nodes} if args.tree_nodes else tuned
-        opts |= {"lookup_tokens": args.lookup_tokens} if args.lookup_tokens else {}
-        for mode in args.draft_weights:  # a drafter each: int8 replaces its layers in place
-            loaded = LoadedDrafter(*load_drafter(args.checkpoint, backbone))
-            proposer = registry.proposer_of(loaded.meta["method"])
-            weights = for_decoding(loaded.drafter, backbone.device, mode)
-            spec = build_decoder(proposer, backbone, loaded, **ours, **opts)
-            name = f"ours {proposer}" + (f" ({weights})" if len(args.draft_weights) > 1 else "")
-            methods[name] = ours_runner(spec, n, eos)
-    lookup = Decoder(backbone, PromptLookupOptions(num_draft_tokens=k), **ours)
-    methods["ours prompt_lookup"] = ours_runner(lookup, n, eos)
+        ours |= drafter_decoders(args, backbone, kw, picked.record.get("decoder", {}) if picked else {})
+    ours["ours prompt_lookup"] = Decoder(backbone, PromptLookupOptions(num_draft_tokens=k), **kw)
+    ours["ours lookahead"] = Decoder(backbone, args.lookahead, **kw)
     if draft is not None:
-        dec = Decoder(backbone, DraftOptions(draft, num_draft_tokens=k), **ours)
-        methods["ours draft"] = ours_runner(dec, n, eos)
+        ours["ours draft"] = Decoder(backbone, DraftOptions(draft, num_draft_tokens=k), **kw)
+    methods = {name: ours_runner(dec, n, eos) for name, dec in ours.items()}
     if args.no_hf:
-        return methods
+        return methods, ours
     methods["HF greedy"] = hf_runner(backbone, n, eos)
     methods["HF prompt_lookup"] = hf_runner(backbone, n, eos, prompt_lookup_num_tokens=k)
     if draft is not None:
         methods["HF assisted"] = hf_runner(backbone, n, eos, assistant=draft)
-    return methods
+    return methods, ours
+
+
+def drafter_decoders(args, backbone: Backbone, kw: dict, tuned: dict) -> dict:
+    """The checkpoint's drafter, one row per --draft-weights mode, each without and (--lookup-tokens > 0)
+    with its prompt-lookup branch, on the checkpoint's tuned tree (`tuned`: its decoding record) or --tree-nodes."""
+    from headstart.eval.engine.decoder import build_decoder
+    from headstart.models import registry
+    from headstart.models.checkpoint import LoadedDrafter, load_drafter
+    from headstart.models.int8 import for_decoding
+
+    opts = {"tree_nodes": args.tree_nodes} if args.tree_nodes else tuned
+    out = {}
+    for mode in args.draft_weights:  # a drafter each: int8 replaces its layers in place
+        loaded = LoadedDrafter(*load_drafter(args.checkpoint, backbone))
+        proposer = registry.proposer_of(loaded.meta["method"])
+        weights = for_decoding(loaded.drafter, backbone.device, mode)
+        name = f"ours {proposer}" + (f" ({weights})" if len(args.draft_weights) > 1 else "")
+        out[name] = build_decoder(proposer, backbone, loaded, **kw, **opts)
+        if args.lookup_tokens:
+            out[f"{name} + lookup {args.lookup_tokens}"] = build_decoder(
+                proposer, backbone, loaded, **kw, **opts, lookup_tokens=args.lookup_tokens
+            )
+    return out
 
 
 def measure(
@@ -224,30 +271,32 @@ def measure(
 ) -> tuple[dict[str, dict], Interleaved]:
     """Every method on every prompt, the order rotating per prompt and round (eval/timing/harness.py), in rounds until
     each method's median ratio to ours vanilla is pinned down or the budget is spent. Tokens, tau and matches
-    come from each method's first run of a prompt; seconds from all runs."""
+    come from each method's first run of a prompt; seconds and latencies from all runs."""
 
-    def timed(fn, ids):
+    def timed(fn, ids) -> tuple[Run, float]:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()
-        tokens, stepped, forwards, draft_s = fn(ids)
+        run = fn(ids)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        return tokens, stepped, forwards, draft_s, time.perf_counter() - start
+        return run, time.perf_counter() - start
 
     for ids in prompts[:warmup]:
         for fn in methods.values():
             fn(ids)
-    first: dict[tuple[str, int], tuple] = {}
+    first: dict[tuple[str, int], Run] = {}
     drafting = {name: [0.0, 0] for name in methods}  # over every timed run: draft seconds, steps
+    latency: dict[str, list[float]] = {name: [] for name in methods}  # per token, every timed run
 
     def run(name: str, unit: int) -> Sample:
-        tokens, stepped, forwards, draft_s, seconds = timed(methods[name], prompts[unit])
-        first.setdefault((name, unit), (tokens, stepped, forwards))
-        if draft_s is not None:
-            drafting[name][0] += draft_s
-            drafting[name][1] += forwards
-        return Sample(len(tokens), seconds, forwards + 1)
+        r, seconds = timed(methods[name], prompts[unit])
+        first.setdefault((name, unit), r)
+        if r.draft_s is not None:
+            drafting[name][0] += r.draft_s
+            drafting[name][1] += r.forwards
+        latency[name] += token_latencies(r.step_latency_s, r.accepted_per_step)
+        return Sample(len(r.tokens), seconds, r.forwards + 1)
 
     timer = Interleaved(list(methods), "ours vanilla", timing)
     timer.run(run, len(prompts))
@@ -256,18 +305,36 @@ def measure(
         runs = [first[name, u] for u in range(len(prompts))]
         samples = [s[name] for s in timer.samples.values()]
         totals[name] = {
-            "tokens": sum(len(r[0]) for r in runs),
-            "stepped": sum(r[1] for r in runs),
-            "forwards": sum(r[2] for r in runs),
+            "tokens": sum(len(r.tokens) for r in runs),
+            "stepped": sum(r.stepped for r in runs),
+            "forwards": sum(r.forwards for r in runs),
             "timed_tokens": sum(x.tokens for x in samples),
             "seconds": sum(x.seconds for x in samples),
-            "matches": sum(r[0] == first["ours vanilla", u][0] for u, r in enumerate(runs)),
+            "matches": sum(r.tokens == first["ours vanilla", u].tokens for u, r in enumerate(runs)),
             "draft_ms_per_step": 1000 * drafting[name][0] / drafting[name][1] if drafting[name][1] else None,
+            "token_latency_ms": _percentiles_ms(latency[name]),
         }
     return totals, timer
 
 
-def table(totals: dict[str, dict], n_prompts: int, timer: Interleaved) -> list[dict]:
+def _percentiles_ms(values: list[float]) -> dict:
+    if not values:
+        return {"p50": None, "p99": None}
+    return {q: float(np.percentile(values, int(q[1:])) * 1000) for q in ("p50", "p99")}
+
+
+def memory_of(decoders: dict, ids: list[int], max_new_tokens: int, eos: list[int]) -> dict[str, dict]:
+    """Peak GB of one untimed decode of `ids` per decoder, and its overhead over ours vanilla's (after the
+    timing, so the allocation tracking cannot touch it)."""
+    used = {name: measure_memory(dec, ids, max_new_tokens, eos) for name, dec in decoders.items()}
+    base = used["ours vanilla"].peak_bytes
+    return {
+        name: {**u.as_report(), "overhead_gb": (u.peak_bytes - base) / GB, "drafter_gb": u.drafter_bytes / GB}
+        for name, u in used.items()
+    }
+
+
+def table(totals: dict[str, dict], n_prompts: int, timer: Interleaved, memory: dict[str, dict]) -> list[dict]:
     pairs = list(timer.samples.values())
     rows = []
     for m, t in totals.items():
@@ -286,9 +353,14 @@ def table(totals: dict[str, dict], n_prompts: int, timer: Interleaved) -> list[d
                 "matches_ours_vanilla": t["matches"] / n_prompts,
                 "draft_ms_per_step": t["draft_ms_per_step"],  # ours: the proposer's time a step
                 "new_tokens": t["tokens"],
+                "token_latency_ms": t["token_latency_ms"],  # ours: p50 / p99 per emitted token
+                "memory": memory.get(m),  # ours: peak of one decode, overhead over ours vanilla (GB)
             }
         )
     return rows
+
+
+TRACKED = "CUDA: max_memory_allocated; CPU: the torch profiler's allocation events"
 
 
 def markdown(rows: list[dict], settings: dict) -> str:
@@ -299,18 +371,25 @@ def markdown(rows: list[dict], settings: dict) -> str:
     lines = [
         f"# Benchmark ({head})",
         "",
-        "| method | tokens/s | tau | draft ms / step | speedup vs ours vanilla [95% CI] | vs HF greedy "
-        "| == ours vanilla | new tokens |",
-        "|---|---|---|---|---|---|---|---|",
+        "| method | tokens/s | tau | speedup vs ours vanilla [95% CI] | per-token ms p50 / p99 "
+        "| peak GB (overhead) | draft ms / step | vs HF greedy | == ours vanilla | new tokens |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        ci = r["speedup_ci"]
+        ci, lat, mem = r["speedup_ci"], r["token_latency_ms"], r["memory"]
+        peak = "n/a" if mem is None else f"{mem['peak_gb']:.4g} ({mem['overhead_gb']:+.3g})"
         lines.append(
-            f"| {r['method']} | {f(r['tokens_per_s'], 1)} | {f(r['tau'])} | {f(r['draft_ms_per_step'])} "
-            f"| {f(r['speedup_vs_ours_vanilla'])} "
-            f"[{f(ci[0])}, {f(ci[1])}] | {f(r['ratio_vs_hf_greedy'])} | {f(r['matches_ours_vanilla'])} "
-            f"| {r['new_tokens']} |"
+            f"| {r['method']} | {f(r['tokens_per_s'], 1)} | {f(r['tau'])} "
+            f"| {f(r['speedup_vs_ours_vanilla'])} [{f(ci[0])}, {f(ci[1])}] | {f(lat['p50'])} / {f(lat['p99'])} "
+            f"| {peak} | {f(r['draft_ms_per_step'])} | {f(r['ratio_vs_hf_greedy'])} "
+            f"| {f(r['matches_ours_vanilla'])} | {r['new_tokens']} |"
         )
+    lines += [
+        "",
+        "tau: tokens per target forward after the prefill. Per-token latency: each step's time shared by the "
+        "tokens it emitted. Peak: held tensors (target, its KV cache, drafter, kept state) + the tracked "
+        f"transient peak of one decode of the first prompt ({TRACKED}); overhead against ours vanilla.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -346,10 +425,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     timing = TimingConfig(budget_s=args.budget_s, rel_ci=args.rel_ci, threads=args.threads)
     threads = choose_threads(timing.threads) if device.type == "cpu" else None
     cond = conditions(device, bcfg.dtype)
-    totals, timer = measure(
-        build_methods(args, backbone, draft, cache_len), prompts, device, args.warmup, timing
-    )
-    rows = table(totals, len(prompts), timer)
+    methods, decoders = build_methods(args, backbone, draft, cache_len)
+    totals, timer = measure(methods, prompts, device, args.warmup, timing)
+    memory = memory_of(decoders, prompts[0], args.max_new_tokens, eos_token_ids(backbone))
+    rows = table(totals, len(prompts), timer, memory)
     settings = {
         "backbone": bcfg.name,
         "dtype": bcfg.dtype,
@@ -357,6 +436,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
         "num_draft_tokens": args.num_draft_tokens,
+        "lookup_tokens": args.lookup_tokens,
+        "lookahead": "W={}, N={}, G={}".format(*args.lookahead.resolved()),
         "threads": torch.get_num_threads(),
         "rounds": timer.rounds,
     }

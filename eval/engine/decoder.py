@@ -69,8 +69,8 @@ class GenerateOutput:
 class Decoder:
     """One interface for every decoding method: vanilla (`proposer=None` or "vanilla") or the typed config of a
     proposer of eval/engine/proposers/ (`MedusaOptions`, `EagleOptions` / `Eagle3Options`, `DraftOptions`,
-    `PromptLookupOptions`: the drafter or draft LM and the proposer's options, documented there). A method name
-    alone builds that proposer's config with its defaults (`Decoder(backbone, "prompt_lookup")`).
+    `PromptLookupOptions`, `LookaheadOptions`: the drafter or draft LM and the proposer's options, documented
+    there). A method name alone builds that proposer's config with its defaults (`Decoder(backbone, "prompt_lookup")`).
     `lookup_tokens` (medusa, eagle, eagle3; 0 = off) adds up to that many prompt-lookup tokens to the drafter's
     tree each step (proposers/lookup_branch.py), verified in the same forward; with `lookup_min_match=m` the
     step verifies EITHER the drafter's draft or the lookup chain, the latter when its n-gram match is at least m
@@ -210,6 +210,8 @@ class Decoder:
                 path, bonus = self._accept(tokens, draft, logits[: draft.tree.size], sampling)
                 runner.cache.accept(path)
                 self._count_positions(stats, draft.tree, len(path) - 1)
+                if hasattr(proposer, "verified"):  # optional hook (proposers/base.py): the verify logits
+                    proposer.verified(logits)
             if proposer is not None:
                 proposer.accepted(path, hidden)
             emitted = [tokens[i] for i in path[1:]] + [bonus]

@@ -32,6 +32,7 @@ def summarize_turns(turns: list[dict]) -> dict:
         "proposed_by_position": [],
         "time_s": {},
         "step_latency_s": [],
+        "accepted_per_step": [],  # tokens each step emitted: per-token latency = step latency / this
     }
     for turn in turns:
         st = turn["stats"]
@@ -44,6 +45,7 @@ def summarize_turns(turns: list[dict]) -> dict:
         for k, v in st.time_s.items():
             s["time_s"][k] = s["time_s"].get(k, 0.0) + v
         s["step_latency_s"] += list(st.step_latency_s)
+        s["accepted_per_step"] += list(st.accepted_per_step)
     return s
 
 

@@ -17,8 +17,15 @@ def _fast(report: dict) -> float:
 
 
 def _overall(report: dict) -> dict:
-    keys = ("method", "tau", "speedup", "speedup_ci")
-    return {**{k: report.get(k) for k in keys}, "flags": report.get("speedup_flags", [])}
+    keys = ("method", "tau", "speedup", "speedup_ci", "token_latency_ms")
+    memory = report.get("memory") or {}
+    return {
+        **{k: report.get(k) for k in keys},
+        "tokens_per_s": (report.get("tokens_per_s") or {}).get("spec"),
+        "peak_gb": (memory.get("spec") or {}).get("peak_gb"),
+        "memory_overhead_gb": memory.get("overhead_gb"),
+        "flags": report.get("speedup_flags", []),
+    }
 
 
 def compare(drafter: dict, baselines: dict[str, dict]) -> dict:
@@ -59,6 +66,16 @@ def _f(x, nd: int = 2) -> str:
     return "-" if x is None else f"{x:.{nd}f}"
 
 
+def _latency(lat: dict | None) -> str:
+    return "-" if not lat else f"{_f(lat.get('p50'), 1)} / {_f(lat.get('p99'), 1)}"
+
+
+def _memory(o: dict) -> str:
+    if o.get("peak_gb") is None:
+        return "-"
+    return f"{o['peak_gb']:.4g} ({o['memory_overhead_gb']:+.3g})"
+
+
 def compare_lines(cmp: dict) -> list[str]:
     names = list(cmp["overall"])
     lines = [f"# Drafter vs training-free baselines (temperature {cmp['temperature']})", ""]
@@ -81,6 +98,15 @@ def compare_lines(cmp: dict) -> list[str]:
         )
         + " |"
     )
+    lines += [
+        "| tokens/s | " + " | ".join(_f(cmp["overall"][n].get("tokens_per_s"), 1) for n in names) + " |",
+        "| per-token latency p50 / p99 (ms) | "
+        + " | ".join(_latency(cmp["overall"][n].get("token_latency_ms")) for n in names)
+        + " |",
+        "| peak memory GB (overhead vs vanilla) | "
+        + " | ".join(_memory(cmp["overall"][n]) for n in names)
+        + " |",
+    ]
     for b, w in cmp["wins"].items():
         lines.append(
             f"\nThe drafter is faster than {b} (by more than {TIE:.0%}) overall: {'yes' if w['overall'] else 'no'}; "

@@ -61,6 +61,25 @@ def _span(xs) -> str:
     return f"[{xs[0]:.3f}, {xs[1]:.3f}]" if xs else "n/a"
 
 
+def latency_memory_rows(r: dict) -> list[str]:
+    """report.md's rows for per-token latency and memory (older reports without them: none)."""
+    rows = []
+    if tok := r.get("token_latency_ms"):
+        van = r.get("vanilla_token_latency_ms") or {}
+        rows.append(
+            f"| per-token latency p50 / p99 (ms), spec vs vanilla | {_fmt(tok['p50'], 1)} / {_fmt(tok['p99'], 1)} "
+            f"vs {_fmt(van.get('p50'), 1)} / {_fmt(van.get('p99'), 1)} |"
+        )
+    if m := r.get("memory"):
+        rows += [
+            f"| peak memory (GB) spec / vanilla, overhead | {m['spec']['peak_gb']:.4g} / {m['vanilla']['peak_gb']:.4g}, "
+            f"{m['overhead_gb']:+.3g} |",
+            f"| drafter weights / kept state (GB) | {m['drafter_gb']:.3g} / {m['state_gb']:.3g} |",
+            f"| decode's transient peak tracked by | {m['spec']['tracked_by']} |",
+        ]
+    return rows
+
+
 def timing_lines(t: dict | None) -> list[str]:
     """report.md's section on how the speedup was measured: flags, the bound, step costs, conditions."""
     if not t:
@@ -94,6 +113,13 @@ def decoding_lines(d: dict | None) -> list[str]:
     lines = ["", "## Decoding settings", "", f"- {opts} (chosen by: {d['source']})"]
     if w := d.get("draft_weights"):
         lines.append(f"- drafter layers: {w} (draft_weights; int8: weight-only, CPU)")
+    if la := d.get("lookahead"):
+        steps = max(la["steps"], 1)
+        lines.append(
+            f"- lookahead: window {la['window']}, n-gram {la['ngram']}, guesses {la['guesses']}: pool guesses "
+            f"verified in {la['guessed'] / steps:.0%} of steps; the accepted path ended on a guess in "
+            f"{la['won_guess'] / steps:.0%}, on the Jacobi window in {la['won_window'] / steps:.0%}"
+        )
     if b := d.get("lookup_branch"):
         steps = max(b["steps"], 1)
         lines.append(
@@ -143,6 +169,7 @@ def markdown(report: dict) -> str:
         f"| greedy output == vanilla | {_fmt(r['greedy_matches_vanilla'], 3)} |",
         f"| step latency p50 / p99 (ms) | {_fmt(r['step_latency_ms']['p50'], 1)} / "
         f"{_fmt(r['step_latency_ms']['p99'], 1)} |",
+        *latency_memory_rows(r),
         "| time split | " + ", ".join(f"{k} {v:.0%}" for k, v in r["time_split"].items()) + " |",
         "",
         "## By category",

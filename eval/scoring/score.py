@@ -80,6 +80,12 @@ def _percentile_ms(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q) * 1000) if values else None
 
 
+def token_latencies(step_latency_s: list[float], accepted_per_step: list[int]) -> list[float]:
+    """Per-token latency: a step's latency shared by the tokens it emitted, one value per token (a step that
+    emitted 3 tokens in 30 ms gives three 10 ms tokens), so percentiles weigh tokens, not steps."""
+    return [s / n for s, n in zip(step_latency_s, accepted_per_step) for _ in range(n) if n]
+
+
 def _tps(records: list[dict], side: str) -> float:
     """Tokens per second of one side ("vanilla" | "spec") over records: total tokens / total wall time."""
     return _rate(sum(r[side]["new_tokens"] for r in records), sum(r[side]["wall_s"] for r in records))
@@ -127,8 +133,12 @@ def aggregate(records: list[dict], greedy: bool, timing: dict | None = None) -> 
             "tokens_per_s": {"vanilla": _tps(sub, "vanilla"), "spec": _tps(sub, "spec")},
         }
 
-    def latency(side: str) -> dict:
-        values = [x for r in records for x in r[side]["step_latency_s"]]
+    def latency(side: str, per_token: bool = False) -> dict:
+        steps = [(r[side]["step_latency_s"], r[side].get("accepted_per_step", [])) for r in records]
+        if per_token:
+            values = [x for lat, acc in steps for x in token_latencies(lat, acc)]
+        else:
+            values = [x for lat, _ in steps for x in lat]
         return {"p50": _percentile_ms(values, 50), "p99": _percentile_ms(values, 99)}
 
     return {
@@ -156,4 +166,7 @@ def aggregate(records: list[dict], greedy: bool, timing: dict | None = None) -> 
         "time_split": {k: t / total for k, t in times.items() if k != "total" and total},
         "step_latency_ms": latency("spec"),
         "vanilla_step_latency_ms": latency("vanilla"),
+        # per emitted token after the first (the prefill's token is the time to first token, not in here)
+        "token_latency_ms": latency("spec", per_token=True),
+        "vanilla_token_latency_ms": latency("vanilla", per_token=True),
     }

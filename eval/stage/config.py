@@ -14,7 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 import headstart.data
 from headstart.cli_checks import unknown_keys, unknown_message
 from headstart.eval.engine.compiled import COMPILE_MODES
-from headstart.eval.engine.proposers import DRAFT, PROPOSERS, TREE_METHODS, TREE_NAMES
+from headstart.eval.engine.proposers import DRAFT, LOOKAHEAD, PROPOSERS, TREE_METHODS, TREE_NAMES
+from headstart.eval.engine.proposers.lookahead import LookaheadOptions
 from headstart.eval.errors import EvalError  # noqa: F401  (re-raised by the entry scripts)
 from headstart.eval.timing.harness import TimingConfig
 from headstart.eval.tuning.tuner import TunerConfig
@@ -76,6 +77,9 @@ class EvalConfig:
     # training-free methods scored on the same prompts beside the drafter (e.g. [prompt_lookup]): compare.md
     # puts them side by side, overall and per category (eval/report/compare.py)
     baselines: list[str] = field(default_factory=list)
+    # lookahead decoding's window W, n-gram size N and guesses G (lookahead.window=8 ...); unset: W=4, N=3, G=4,
+    # sized for a CPU verify (eval/engine/proposers/lookahead.py). Only with lookahead in baselines (or method)
+    lookahead: LookaheadOptions = field(default_factory=LookaheadOptions)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     # interleaved rounds, stopping rule, physical checks, CPU threads (eval/timing/harness.py): timing.budget_s=0 for one pass
     timing: TimingConfig = field(default_factory=TimingConfig)
@@ -136,13 +140,20 @@ class EvalConfig:
         bad = [b for b in self.baselines if b not in free]
         if bad:
             raise EvalError(f"baselines={bad}: a baseline needs no drafter. Fix: pick from {list(free)}")
+        if self.lookahead.set() and LOOKAHEAD not in (*self.baselines, self.method):
+            raise EvalError(
+                f"lookahead options {self.lookahead.set()} set but lookahead decoding is not run. "
+                f"Fix: baselines=[{LOOKAHEAD}] (or drop the lookahead.* overrides)"
+            )
         if not self.checkpoint:
             raise EvalError("checkpoint= is required. Fix: checkpoint=runs/<run>/drafter (or the run folder)")
 
     def proposer_options(self) -> dict[str, int | str]:
-        """The proposer options the user set (not null), by name: the proposer's config checks they apply."""
+        """The proposer options the user set (not null), by name: the proposer's config checks they apply
+        (with method=lookahead, the lookahead.* ones too)."""
         values = {k: getattr(self, k) for k in PROPOSER_KEYS}
-        return {k: v for k, v in values.items() if v is not None}
+        lookahead = self.lookahead.set() if self.method == LOOKAHEAD else {}
+        return {k: v for k, v in values.items() if v is not None} | lookahead
 
 
 def baseline_methods() -> tuple[str, ...]:

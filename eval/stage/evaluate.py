@@ -18,11 +18,12 @@ import torch
 from tqdm.auto import tqdm
 
 from headstart.eval.engine.decoder import Decoder, build_decoder
-from headstart.eval.engine.proposers import DRAFT, PROPOSERS, VANILLA
+from headstart.eval.engine.proposers import DRAFT, LOOKAHEAD, PROPOSERS, VANILLA
 from headstart.eval.errors import EvalError
 from headstart.eval.report.compare import compare, write_compare
 from headstart.eval.report.write import log_wandb, write_report, write_runs_summary
 from headstart.eval.scoring.measure import score_prompts
+from headstart.eval.scoring.memory import MemoryUse, measure_memory, memory_report
 from headstart.eval.scoring.score import GenOpts, aggregate, check_fits
 from headstart.eval.stage.config import EvalConfig
 from headstart.eval.stage.prompts import PromptSet, chat_ids, load_prompts
@@ -31,7 +32,7 @@ from headstart.eval.tuning.records import Tuned, decoding_report, load_or_tune
 from headstart.eval.tuning.tuner import Use
 from headstart.hardware import DtypeChoice, announce, machine_facts, resolve_dtype
 from headstart.models import registry
-from headstart.models.backbone import Backbone, BackboneConfig, load_backbone
+from headstart.models.backbone import Backbone, BackboneConfig, eos_token_ids, load_backbone
 from headstart.models.checkpoint import LoadedDrafter, find_checkpoints, load_drafter, step_of
 from headstart.models.export.serve_card import find_serve_check
 from headstart.models.int8 import for_decoding
@@ -179,16 +180,16 @@ class Evaluator:
         if drafter:
             sides[DRAFTER] = self.drafter_side(target, out_dir)
         default = {"source": "default", "options": {}, "tuner": None}  # the user's and tuner's: the drafter's
-        for b in dict.fromkeys(baselines):
-            spec = build_decoder(
-                b, target.backbone, None, max_cache_len=cfg.max_cache_len, compile=cfg.compile
-            )
-            sides[b] = Side(b, spec, dict(default), out_dir / "baselines" / b, baseline=True)
+        for b in dict.fromkeys(baselines):  # the tuner's and the drafter's options are the drafter's alone
+            chosen = cfg.lookahead.set() if b == LOOKAHEAD else {}
+            spec = build_decoder(b, target.backbone, None, max_cache_len=cfg.max_cache_len, compile=cfg.compile,
+                                 **chosen)  # fmt: skip
+            settings = {"source": "user" if chosen else "default", "options": chosen, "tuner": None}
+            sides[b] = Side(b, spec, settings, out_dir / "baselines" / b, baseline=True)
         if vanilla.runner.compiled:  # its speedup over the compiled vanilla: 1 / what compilation bought
             eager = Decoder(target.backbone, VANILLA, max_cache_len=cfg.max_cache_len)
-            sides[EAGER_VANILLA] = Side(
-                VANILLA, eager, dict(default), out_dir / "baselines" / EAGER_VANILLA, True
-            )
+            default = {"source": "default", "options": {}, "tuner": None}
+            sides[EAGER_VANILLA] = Side(VANILLA, eager, default, out_dir / "baselines" / EAGER_VANILLA, True)
         if not sides:
             raise EvalError("nothing to score: no drafter and no baselines")
         n = len(self.prompts.prompts)
@@ -205,11 +206,13 @@ class Evaluator:
                 on_prompt=lambda i, total: bar.update(i - bar.n),
                 timing=cfg.timing,
             )
+        memory = self._memory(vanilla, {name: side.decoder for name, side in sides.items()}, target.backbone)
         out: dict = {"baselines": {}}
         eager = None  # the eager vanilla's report, scored first so the others can say what compilation bought
         for name in sorted(sides, key=lambda s: s != EAGER_VANILLA):
             side = sides[name]
-            res = self._report(target, side, records[name], timings[name], eager)
+            use = memory_report(memory[name], memory[VANILLA])
+            res = self._report(target, side, records[name], timings[name], use, eager)
             if name == EAGER_VANILLA:
                 eager = out["eager_vanilla"] = res["report"]
             elif side.baseline:
@@ -218,7 +221,22 @@ class Evaluator:
                 out |= res
         return out
 
-    def _report(self, target: Target, side: Side, records: list[dict], timing: dict, eager=None) -> dict:
+    def _memory(
+        self, vanilla: Decoder, specs: dict[str, Decoder], backbone: Backbone
+    ) -> dict[str, MemoryUse]:
+        """Each side's memory (eval/scoring/memory.py) on the first prompt's first turn, untimed, after the
+        timing rounds so the profiler cannot touch their figures."""
+        first = self.prompts.prompts[0]
+        ids = chat_ids(backbone.tokenizer, [{"role": "user", "content": first.turns[0]}])
+        eos = eos_token_ids(backbone)
+        return {
+            name: measure_memory(dec, ids, self.cfg.max_new_tokens, eos)
+            for name, dec in {VANILLA: vanilla, **specs}.items()
+        }
+
+    def _report(
+        self, target: Target, side: Side, records: list[dict], timing: dict, memory: dict, eager=None
+    ) -> dict:
         cfg, n, ckpt, method = self.cfg, len(self.prompts.prompts), target.ckpt, side.method
         report = {
             "method": method,
@@ -245,11 +263,17 @@ class Evaluator:
             "timing": timing,  # pairs, rounds, step costs, bound, flags, threads and load (eval/timing/harness.py)
             # vLLM's figures for this drafter when `./launch.sh serve-check` ran on it (eval/serve_check.py)
             "vllm_serve_check": None if side.baseline else find_serve_check(ckpt),
+            "memory": memory,  # this side's and vanilla's peak, the drafter's bytes, its state (scoring/memory.py)
         }
         per_turn = sum(r["vanilla"]["new_tokens"] for r in records) / sum(
             len(p.turns) for p in self.prompts.prompts
         )
         settings = side.settings
+        if method == LOOKAHEAD:  # steps with pool guesses, and where the accepted path ended (every decode)
+            la = side.decoder.proposer
+            settings["lookahead"] = (
+                dict(zip(("window", "ngram", "guesses"), la.options.resolved())) | la.counts
+            )
         plain = settings.get("tuner") is not None and settings["tuner"].plain
         if cfg.lookup_tokens and not side.baseline and not plain:  # steps the branch added nodes / gave the
             # accepted path, over every decode of the run (warm-up and timing rounds included)

@@ -173,6 +173,8 @@ def decoding_report(settings: dict, report: dict, new_tokens: float, tol: float 
     if settings.get("lookup_branch"):  # the user's, on the tree (eval/engine/proposers/lookup_branch.py)
         out["lookup_branch"] = settings["lookup_branch"]
     tuned: Tuned | None = settings["tuner"]
+    if settings.get("lookahead"):  # its W, N, G and how its branches did (eval/engine/proposers/lookahead.py)
+        out["lookahead"] = settings["lookahead"]
     if tuned is None:
         return out
     rec = tuned.record

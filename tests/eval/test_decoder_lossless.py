@@ -10,6 +10,7 @@ from headstart.eval.engine.decoder import Decoder, build_decoder
 from headstart.eval.engine.kv_cache import CacheFullError
 from headstart.eval.engine.proposers.base import Draft
 from headstart.eval.engine.proposers.draft_model import DraftOptions
+from headstart.eval.engine.proposers.lookahead import LookaheadOptions
 from headstart.eval.engine.proposers.medusa import MedusaOptions
 from headstart.eval.engine.proposers.prompt_lookup import PromptLookupOptions
 from headstart.eval.engine.tree import Tree, TreeError, tree_from_paths
@@ -73,6 +74,9 @@ def decoders(backbone):
         "draft-other": Decoder(backbone, DraftOptions(tiny(7, 0.02), num_draft_tokens=3)),
         "draft-self": Decoder(backbone, DraftOptions(backbone, num_draft_tokens=4)),
         "prompt_lookup": Decoder(backbone, PromptLookupOptions(num_draft_tokens=5)),
+        "lookahead": Decoder(backbone, "lookahead"),
+        "lookahead-wide": Decoder(backbone, LookaheadOptions(window=6, ngram=5, guesses=6)),
+        "lookahead-bigram": Decoder(backbone, LookaheadOptions(window=3, ngram=2, guesses=2)),
     }
 
 
@@ -104,7 +108,7 @@ def test_greedy_speculative_equals_vanilla(models, init):
             steps[name] += out.stats.accepted_per_step[:-1]  # the last one may be cut by the length limit
     assert all(n == 5 for n in steps["draft-self"])  # the draft IS the target: everything accepted
     if init == 0.1:  # acceptance really varies: some steps take several tokens, some only the bonus
-        for name in ("medusa-sparse", "medusa-perturbed", "draft-other", "prompt_lookup"):
+        for name in ("medusa-sparse", "medusa-perturbed", "draft-other", "prompt_lookup", "lookahead"):
             assert max(steps[name]) > 1 and min(steps[name]) == 1, (name, steps[name])
 
 

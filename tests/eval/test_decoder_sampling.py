@@ -11,6 +11,7 @@ from headstart.eval.engine.decoder import Decoder
 from headstart.eval.engine.proposers import proposer_config
 from headstart.eval.engine.proposers.draft_model import DraftOptions
 from headstart.eval.engine.proposers.eagle import Eagle3Options
+from headstart.eval.engine.proposers.lookahead import LookaheadOptions
 from headstart.eval.engine.proposers.medusa import MedusaOptions
 from headstart.eval.engine.proposers.prompt_lookup import PromptLookupOptions
 from headstart.models.backbone import BackboneConfig, load_backbone
@@ -107,6 +108,13 @@ def test_prompt_lookup_sampling_matches_target(target):
     likely = exact_next(target, [prompt])[0].topk(6).indices.tolist()
     prompt = [t for x in likely for t in (x, x, x)] + prompt
     check_lossless(decoder, target, prompt)
+
+
+def test_lookahead_sampling_matches_target(target):
+    # the window starts from prompt tokens and the pool from the target's own argmax trajectories: on the
+    # seeded prompt both often hold the likely next tokens, so guesses are accepted and rejected
+    decoder = Decoder(target, LookaheadOptions(window=3, ngram=3, guesses=3))
+    check_lossless(decoder, target, seeded_prompt(target))
 
 
 def seeded_prompt(target, top: int = 4, rounds: int = 12) -> list[int]:

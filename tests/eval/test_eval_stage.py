@@ -14,6 +14,7 @@ import pytest
 
 from headstart.eval.engine.quick import quick_eval
 from headstart.eval.errors import EvalError
+from headstart.eval.report.write import markdown
 from headstart.eval.stage.config import EvalConfig
 from headstart.eval.tuning.tuner import TunerConfig
 from headstart.models.backbone import BackboneConfig, BackboneError, load_backbone
@@ -269,26 +270,50 @@ def test_report_carries_the_serve_checks_vllm_figures(ckpt, prompt_file, tmp_pat
 
 
 def test_baselines_are_scored_beside_the_drafter(ckpt, prompt_file, tmp_path):
+    from safetensors.torch import load_file
+
+    from headstart.eval.engine.proposers.lookahead import LookaheadOptions
     from headstart.eval.stage.evaluate import run
 
     out = tmp_path / "out"
-    report = run(_cfg(ckpt, prompt_file, out, limit_per_category=1, warmup=0, baselines=["prompt_lookup"]))
+    cfg = _cfg(ckpt, prompt_file, out, limit_per_category=1, warmup=0, baselines=["prompt_lookup", "lookahead"],
+               lookahead=LookaheadOptions(window=3))  # fmt: skip
+    report = run(cfg)
     base = json.loads((out / "baselines" / "prompt_lookup" / "report.json").read_text())
-    assert base["method"] == "prompt_lookup" and base["checkpoint"] is None
-    assert base["prompts"]["n"] == report["prompts"]["n"] == 2  # the same prompts
-    assert base["greedy_matches_vanilla"] == 1.0
+    look = json.loads((out / "baselines" / "lookahead" / "report.json").read_text())
+    assert base["method"] == "prompt_lookup" and base["checkpoint"] is None and look["method"] == "lookahead"
+    assert base["prompts"]["n"] == report["prompts"]["n"] == look["prompts"]["n"] == 2  # the same prompts
+    assert base["greedy_matches_vanilla"] == look["greedy_matches_vanilla"] == 1.0
+    assert look["decoding"]["options"] == {"window": 3} and look["decoding"]["source"] == "user"
+    assert look["decoding"]["lookahead"]["window"] == 3 and look["decoding"]["lookahead"]["ngram"] == 3
     cmp = json.loads((out / "compare.json").read_text())
-    assert (
-        set(cmp["overall"]) == {"drafter", "prompt_lookup"}
-        and cmp["overall"]["drafter"]["method"] == "medusa"
-    )
+    assert set(cmp["overall"]) == {"drafter", "prompt_lookup", "lookahead"}
+    assert cmp["overall"]["drafter"]["method"] == "medusa"
     assert set(cmp["categories"]) == {"coding", "writing"} and cmp["wins"]["prompt_lookup"]["of"] == 2
-    assert report["baselines"] == cmp and "prompt_lookup tau / speedup" in (out / "compare.md").read_text()
-    # side by side: one vanilla run in the same rounds behind both figures
-    assert report["timing"]["sides"] == base["timing"]["sides"] == ["vanilla", "drafter", "prompt_lookup"]
+    md = (out / "compare.md").read_text()
+    assert (
+        report["baselines"] == cmp and "prompt_lookup tau / speedup" in md and "lookahead tau / speedup" in md
+    )
+    assert "peak memory GB (overhead vs vanilla)" in md and "per-token latency p50 / p99 (ms)" in md
+    # side by side: one vanilla run in the same rounds behind every figure
+    sides = ["vanilla", "drafter", "prompt_lookup", "lookahead"]
+    assert report["timing"]["sides"] == base["timing"]["sides"] == look["timing"]["sides"] == sides
     assert report["timing"]["pairs"] == base["timing"]["pairs"]
     assert report["tokens_per_s"]["vanilla"] == base["tokens_per_s"]["vanilla"]
-    assert cmp["same_rounds"] is True and "same interleaved rounds" in (out / "compare.md").read_text()
+    assert cmp["same_rounds"] is True and "same interleaved rounds" in md
+    # memory: the drafter's weights are the checkpoint's tensors (a drafter of known size), the baselines hold
+    # none; vanilla's peak is one measurement shared by every side
+    heads = sum(t.numel() * t.element_size() for t in load_file(ckpt / "model.safetensors").values())
+    assert report["memory"]["drafter_gb"] * 1e9 == pytest.approx(heads)
+    assert base["memory"]["drafter_gb"] == look["memory"]["drafter_gb"] == 0.0
+    assert base["memory"]["state_gb"] == 0.0 < look["memory"]["state_gb"]  # lookahead keeps a window + pool
+    assert report["memory"]["vanilla"] == base["memory"]["vanilla"] == look["memory"]["vanilla"]
+    for r in (report, base, look):
+        m = r["memory"]
+        assert m["overhead_gb"] == pytest.approx(m["spec"]["peak_gb"] - m["vanilla"]["peak_gb"])
+        assert m["spec"]["target_bytes"] == m["vanilla"]["target_bytes"] > 0
+        assert 0 < r["token_latency_ms"]["p50"] <= r["token_latency_ms"]["p99"] <= r["step_latency_ms"]["p99"]
+        assert "peak memory (GB) spec / vanilla" in markdown(r) and "per-token latency" in markdown(r)
 
 
 def test_a_baseline_that_needs_a_drafter_is_refused(ckpt, prompt_file, tmp_path):

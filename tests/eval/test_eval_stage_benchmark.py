@@ -18,8 +18,8 @@ def test_benchmark_rows_on_tiny(tmp_path):
     argv = ["--backbone", "tiny", "--draft", "tiny", "--n", "2", "--max-new-tokens", "12", "--device", "cpu",
             "--budget-s", "2"]  # fmt: skip
     rows = {r["method"]: r for r in main([*argv, "--out", str(out)])}
-    assert list(rows) == ["ours vanilla", "ours prompt_lookup", "ours draft", "HF greedy", "HF prompt_lookup",
-                          "HF assisted"]  # fmt: skip
+    assert list(rows) == ["ours vanilla", "ours prompt_lookup", "ours lookahead", "ours draft", "HF greedy",
+                          "HF prompt_lookup", "HF assisted"]  # fmt: skip
     assert rows["ours vanilla"]["tau"] == 1.0 and rows["HF greedy"]["tau"] == 1.0  # one token per forward
     assert (
         rows["ours vanilla"]["speedup_vs_ours_vanilla"] == 1.0
@@ -30,7 +30,16 @@ def test_benchmark_rows_on_tiny(tmp_path):
     saved = json.loads((out / "bench.json").read_text())
     assert saved["conditions"]["threads"] >= 1 and saved["conditions"]["load_avg_after"] is not None
     assert saved["timing"]["pairs"] >= 2 and all(len(r["speedup_ci"]) == 2 for r in saved["rows"])
-    assert len(saved["rows"]) == 6 and "| HF assisted |" in (out / "bench.md").read_text()
+    assert len(saved["rows"]) == 7 and "| HF assisted |" in (out / "bench.md").read_text()
+    # ours: per-token latency and memory beside vanilla's; the draft LM is a second tiny model of known size
+    for name in ("ours vanilla", "ours prompt_lookup", "ours lookahead", "ours draft"):
+        lat, mem = rows[name]["token_latency_ms"], rows[name]["memory"]
+        assert 0 < lat["p50"] <= lat["p99"] and mem["peak_gb"] > 0
+    assert rows["HF greedy"]["memory"] is None and rows["HF greedy"]["token_latency_ms"]["p50"] is None
+    assert rows["ours vanilla"]["memory"]["overhead_gb"] == 0.0
+    draft = rows["ours draft"]["memory"]
+    assert draft["drafter_bytes"] == draft["target_bytes"]  # the same tiny architecture drafts
+    assert draft["state_bytes"] >= draft["cache_bytes"] > 0  # the draft LM's own KV cache, as long as ours
 
 
 def test_forward_counter_counts_calls():
@@ -64,7 +73,9 @@ def test_draft_weights_rows_side_by_side(tmp_path):
     argv = ["--checkpoint", str(ckpt), "--n", "2", "--max-new-tokens", "12", "--device", "cpu", "--budget-s", "0",
             "--draft-weights", "native,int8", "--lookup-tokens", "2", "--no-hf"]  # fmt: skip
     rows = {r["method"]: r for r in main(argv)}
-    assert list(rows) == ["ours vanilla", "ours eagle3 (native)", "ours eagle3 (int8)", "ours prompt_lookup"]
+    assert list(rows) == ["ours vanilla", "ours eagle3 (native)", "ours eagle3 (native) + lookup 2",
+                          "ours eagle3 (int8)", "ours eagle3 (int8) + lookup 2", "ours prompt_lookup",
+                          "ours lookahead"]  # fmt: skip
     assert all(r["matches_ours_vanilla"] == 1.0 and r["ratio_vs_hf_greedy"] is None for r in rows.values())
     drafts = {m: r["draft_ms_per_step"] for m, r in rows.items()}
     assert drafts["ours vanilla"] < drafts["ours eagle3 (int8)"]  # vanilla: the decoder's no-op, ~2 us

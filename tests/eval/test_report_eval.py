@@ -147,6 +147,16 @@ def test_eval_config_composes(logger):
     assert cfg.prompts.endswith("dev_prompts.jsonl") and Path(cfg.prompts).is_file()
 
 
+def test_lookahead_options_compose_typed():
+    cfg = to_eval_config(
+        _compose(["checkpoint=ck", "out_dir=o", "baselines=[lookahead]", "lookahead.window=8"])
+    )
+    assert cfg.lookahead.set() == {"window": 8} and cfg.lookahead.resolved() == (8, 3, 4)
+    assert cfg.proposer_options() == {}  # the baseline's, not the drafter's
+    cfg = to_eval_config(_compose(["checkpoint=ck", "out_dir=o", "method=lookahead", "lookahead.guesses=2"]))
+    assert cfg.proposer_options() == {"guesses": 2}
+
+
 def test_unknown_key_and_wrong_type_fail_at_compose_time():
     with pytest.raises(ConfigCompositionException) as e:
         _compose(["max_new_token=8"])
@@ -164,6 +174,8 @@ def test_unknown_key_and_wrong_type_fail_at_compose_time():
         ("method=foo", "method"),
         ("checkpoint=", "checkpoint="),
         ("timing.rel_ci=2", "rel_ci"),
+        ("lookahead.ngram=1", r"lookahead\.ngram=1: must be an integer >= 2"),
+        ("lookahead.window=3", "lookahead decoding is not run"),  # set, but no lookahead baseline
     ],
 )
 def test_range_checks_name_the_key(override, match):

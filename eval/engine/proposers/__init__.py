@@ -11,10 +11,12 @@ PROPOSERS = {  # decoding method -> "module:ProposerConfig subclass" (imported o
     "eagle3": "headstart.eval.engine.proposers.eagle:Eagle3Options",  # the same dynamic tree for EAGLE-3 drafters
     "draft": "headstart.eval.engine.proposers.draft_model:DraftOptions",
     "prompt_lookup": "headstart.eval.engine.proposers.prompt_lookup:PromptLookupOptions",
+    "lookahead": "headstart.eval.engine.proposers.lookahead:LookaheadOptions",  # Jacobi window + n-gram pool
 }
 # methods whose drafts are trees of deterministic candidates (Draft.probs None): a prompt-lookup branch can
 # join their tree (lookup_branch.py); draft-model chains are sampled, prompt lookup is the branch itself
 TREE_METHODS = ("medusa", "eagle", "eagle3")
+LOOKAHEAD = "lookahead"  # the baseline whose options (window, n-gram size, guesses) the eval config carries
 TREE_NAMES = ("default", "chain")  # the named Medusa trees (`tree=`; proposers/medusa.py builds them)
 DRAFT = "draft"  # a draft LM proposes (method=draft draft=<model>, or a DistillSpec checkpoint's draft)
 VANILLA = (

@@ -63,6 +63,10 @@ class Proposer(Protocol):
         """path = accepted node indices of the last proposal (root first; [0] after a plain step);
         hidden (q, H) = the target's final hidden states of that verify forward (a buffer: copy what you keep)."""
 
+    # Optional: `verified(logits)`, called after a verify forward and before `accepted`, with that forward's
+    # logits (q, V) (a buffer: take what you need now). Lookahead decoding reads its Jacobi step there instead of
+    # applying the lm_head to `hidden` a second time.
+
 
 @dataclass
 class ProposerConfig:
