@@ -108,7 +108,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--widths", default="1,2,4,8,16,32", help="--verify-costs: step widths")
     p.add_argument("--context", type=int, default=256, help="--verify-costs: tokens cached before each step")
     p.add_argument("--reps", type=int, default=7, help="--verify-costs: timed rounds (medians)")
-    args = p.parse_args(argv)
+    return check_args(p.parse_args(argv))
+
+
+def check_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Range checks and parsed lists; a bad value is one EvalError line naming the fix."""
     if not args.checkpoint and not args.backbone:
         raise EvalError(
             "give --checkpoint DIR (a drafter) or --backbone PATH (vanilla and prompt lookup only)"
