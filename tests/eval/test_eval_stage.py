@@ -354,9 +354,9 @@ def test_dtype_auto_decodes_a_float32_checkpoint_in_the_devices_dtype(
     """The checkpoint holds weights, not a compute dtype: auto decodes where it runs fastest (bf16 with AMX),
     `dtype=` (empty) as trained; the report says which, why, and on what machine."""
     from headstart import hardware
-    from headstart.eval.stage import run
-    from headstart.eval.timing import TimingConfig
-    from headstart.eval.tuner import TunerConfig
+    from headstart.eval.stage.evaluate import run
+    from headstart.eval.timing.harness import TimingConfig
+    from headstart.eval.tuning.tuner import TunerConfig
 
     caps = hardware.Capabilities("cpu", isa="AVX512" if flags else "AVX2", cpu_flags=frozenset(flags))
     monkeypatch.setattr(hardware, "capabilities", lambda device="cpu": caps)

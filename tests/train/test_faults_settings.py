@@ -16,8 +16,8 @@ import pytest
 from test_faults_train import one_line_error
 
 from headstart.errors import exit_on_user_error
-from headstart.eval.config import EvalConfig
-from headstart.eval.timing import TimingConfig
+from headstart.eval.stage.config import EvalConfig
+from headstart.eval.timing.harness import TimingConfig
 from headstart.models.eagle_config import Eagle3Config
 from headstart.models.medusa import MedusaConfig, MedusaHeads
 from headstart.train.checkpoints import save_checkpoint

@@ -15,13 +15,8 @@ import pytest
 from test_faults_digests import flip
 
 from headstart.data.build import _load_cached
-from headstart.models.checkpoint import (
-    CheckpointError,
-    load_drafter,
-    read_decoding,
-    read_meta,
-    write_decoding,
-)
+from headstart.models.checkpoint import CheckpointError, load_drafter, read_meta
+from headstart.models.decoding import read_decoding, write_decoding
 from headstart.models.export.card import find_report
 from headstart.train.checkpoints import find_resume_dir
 from helpers import run_train, train_overrides, write_chat_file
