@@ -92,8 +92,10 @@ def naive_eagle_loss(eagle, lm_head_weight, draft_ids):
     vocabulary, then probabilities over the draft ids, and each step's (N, Dv) fp32 student logits through
     autograd's log_softmax, every step's graph alive until backward."""
 
-    def teacher(target, weight_draft_rows, chunk, dtype):
+    def teacher(target, weight_draft_rows, chunk, dtype, cap=None):
         logits = (target @ lm_head_weight.to(target.dtype).T).float()  # (N, V)
+        if cap is not None:  # the backbone's final soft cap (Gemma-2), as teacher_targets applies it
+            logits = torch.tanh(logits / cap) * cap
         p = torch.softmax(logits[:, draft_ids], -1)  # (N, Dv)
         return p, p.argmax(-1)
 
