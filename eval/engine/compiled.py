@@ -95,11 +95,12 @@ def cache_dir() -> Path:
     return Path(root) / "inductor"
 
 
-def _step(body, lm_head, cache, ids, pos, mask, last_only: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """ModelRunner._forward, as one graph: the cache's static write slots are set by the caller."""
+def _step(body, logits, cache, ids, pos, mask, last_only: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """ModelRunner._forward, as one graph: the cache's static write slots and the sliding-window masks are set
+    by the caller; `logits` is the backbone's (lm_head, then the soft cap of the families with one)."""
     out = body(input_ids=ids, position_ids=pos, attention_mask=mask, cache=cache, use_cache=True)
     hidden = out.last_hidden_state[0]  # (q, H)
-    return hidden, lm_head(hidden[-1:] if last_only else hidden)  # (q or 1, V)
+    return hidden, logits(hidden[-1:] if last_only else hidden)  # (q or 1, V)
 
 
 _COMPILED: dict[str, Callable] = {}  # device type -> the compiled `_step`

@@ -150,7 +150,15 @@ class GraphedStep:
         self.forward = runner._forward
         if compile:
             step = compiled.compiled_step(dev)
-            self.forward = lambda *a: step(runner.body, runner.lm_head, cache, *a)
+            self.forward = lambda ids, pos, mask, last_only: step(
+                runner.body,
+                runner.logits,
+                cache,
+                ids,
+                pos,
+                runner.windows(mask, pos[0], cache.slots),
+                last_only,
+            )
             bias = torch.zeros((width, width), dtype=runner.dtype, device=dev)
             self.run(self.ids[0], self.arange, bias, start)  # compile now (into free slots), not mid-step
             return

@@ -8,10 +8,13 @@ import torch
 
 from headstart.eval.engine import compiled
 from headstart.eval.engine.decoder import Decoder
+from headstart.eval.engine.proposers.prompt_lookup import PromptLookupOptions
 from headstart.eval.engine.runner import ModelRunner
+from headstart.models.backbone import BackboneConfig, load_backbone
 from tests.conftest import tiny_backbone
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+# a compiled width that falls back to eager would pass every equality check below while testing nothing
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("error:compilation failed")]
 
 
 def test_modes_resolve():
@@ -69,7 +72,9 @@ def test_compiled_greedy_equals_eager_vanilla():
     backbone = tiny_backbone(initializer_range=0.1)
     eager = Decoder(backbone, max_cache_len=128)
     plain = Decoder(backbone, compile="max-autotune", max_cache_len=128)
-    lookup = Decoder(backbone, "prompt_lookup", num_draft_tokens=4, compile="max-autotune", max_cache_len=128)
+    lookup = Decoder(
+        backbone, PromptLookupOptions(num_draft_tokens=4), compile="max-autotune", max_cache_len=128
+    )
     for prompt in _prompts(backbone):
         ref = eager.generate(prompt, 24, eos_token_ids=[]).tokens
         assert plain.generate(prompt, 24, eos_token_ids=[]).tokens == ref
@@ -89,6 +94,29 @@ def test_compiled_greedy_equals_eager_vanilla():
         == eager.generate(prompt, 8, eos_token_ids=[]).tokens
     )
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == before
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+def test_compiled_path_keeps_windows_and_soft_caps(family, monkeypatch):
+    """The compiled step applies what the eager one does: sliding-window masks (Mistral on every layer, Gemma-2
+    on every other) and Gemma-2's final logit soft cap. `torch.compile` is replaced by the plain function, so
+    the compiled path's own code runs (fast) and greedy prompt lookup past the window equals eager vanilla."""
+    monkeypatch.setattr(compiled, "compiled_step", lambda device: compiled._step)
+    attn = "eager" if family == "gemma2" else "sdpa"
+    backbone = load_backbone(
+        BackboneConfig(name="tiny", path="tiny", dtype="float32", attn_implementation=attn,
+                       tiny={"seed": 0, "family": family, "initializer_range": 0.1})
+    )  # fmt: skip
+    eager = Decoder(backbone, max_cache_len=128)
+    lookup = Decoder(
+        backbone, PromptLookupOptions(num_draft_tokens=4), compile="max-autotune", max_cache_len=128
+    )
+    for prompt in _prompts(backbone):
+        assert (
+            lookup.generate(prompt, 24, eos_token_ids=[]).tokens
+            == eager.generate(prompt, 24, eos_token_ids=[]).tokens
+        )
+    assert all(step is not None for step in lookup.runner._graphs.values()) and lookup.runner._graphs
 
 
 def test_eval_config_refuses_an_unknown_mode(tmp_path):
