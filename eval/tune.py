@@ -20,6 +20,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from headstart.errors import exit_on_user_error
+from headstart.eval.engine.compiled import COMPILE_MODES
+from headstart.eval.engine.compiled import resolve as resolve_compile
+from headstart.eval.stage.config import EvalConfig
 from headstart.eval.stage.evaluate import resolve_device
 from headstart.eval.tuning.prompts import DEFAULT_TUNING_PROMPTS, probe_prompts
 from headstart.eval.tuning.records import Tuned, load_or_tune
@@ -49,6 +52,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--probe-prompts", type=int, default=TunerConfig.probe_prompts)
     p.add_argument("--reps", type=int, default=TunerConfig.reps)
     p.add_argument("--lookup-tokens", type=int, default=0, help="the eval's lookup_tokens (0: no branch)")
+    p.add_argument("--compile", default="eager", choices=COMPILE_MODES, help="the eval's compile setting")
+    p.add_argument("--max-cache-len", type=int, default=EvalConfig.max_cache_len,
+                   help="the eval's max_cache_len (compiled steps are timed at that cache length)")  # fmt: skip
     p.add_argument(
         "--draft-weights",
         default="auto",
@@ -68,7 +74,8 @@ def main(argv: list[str] | None = None) -> None:
                           probe_prompts=args.probe_prompts, reps=args.reps)  # fmt: skip
         probe = probe_prompts(cfg.prompts, backbone, cfg.probe_prompts)
         method = registry.get(meta["method"]).proposer
-        use = Use(args.temperature, args.top_p, args.lookup_tokens)
+        cache = args.max_cache_len if resolve_compile(args.compile, backbone.device) else 0
+        use = Use(args.temperature, args.top_p, args.lookup_tokens, cache)
         tuned = load_or_tune(method, backbone, loaded, probe, cfg, use)
         if tuned is None:
             raise ValueError(

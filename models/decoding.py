@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 DECODING_NAME = "decoding.json"
 FORMAT = 2  # 2: {"format", "records": [...]}; a bare record at the top level is the first format
 # what makes two records the same condition (besides version and lookup_tokens)
-CONDITION_KEYS = ("temperature", "device", "device_name", "dtype", "threads", "draft_weights", "weights")
+CONDITION_KEYS = ("temperature", "device", "device_name", "dtype", "threads", "draft_weights", "weights", "compiled")
 GREEDY, SAMPLED, UNKNOWN = (
     "greedy",
     "sampled",
@@ -40,7 +40,7 @@ def temperature_class(temperature: float) -> str:
 
 def condition_of(record: dict) -> tuple:
     """The condition a record was tuned under: its version, lookup branch and `CONDITION_KEYS`."""
-    c = {"draft_weights": "native", "temperature": UNKNOWN, **record.get("conditions", {})}  # older records
+    c = {"draft_weights": "native", "temperature": UNKNOWN, "compiled": False, **record.get("conditions", {})}
     return (record.get("version"), record.get("lookup_tokens", 0), *(c.get(k) for k in CONDITION_KEYS))
 
 
@@ -50,6 +50,7 @@ def describe(record: dict) -> str:
     where = f"{c.get('device')}" + (f" ({c['device_name']})" if c.get("device_name") else "")
     threads = f", {c['threads']} threads" if c.get("threads") else ""
     branch = f", lookup branch {record['lookup_tokens']}" if record.get("lookup_tokens") else ""
+    branch += ", compiled steps" if c.get("compiled") else ""
     temp = c["temperature"] if c["temperature"] != UNKNOWN else "temperature not recorded"
     return (
         f"{temp}, {where}, {c.get('dtype')}{threads}, {c['draft_weights']} drafter{branch}, "

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from headstart.eval.engine.compiled import resolve as resolve_compile
 from headstart.eval.engine.decoder import Decoder, build_decoder
 from headstart.eval.engine.proposers import DRAFT, LOOKAHEAD, PROPOSERS, VANILLA
 from headstart.eval.errors import EvalError
@@ -158,7 +159,8 @@ class Evaluator:
         probe = probe_prompts(cfg.tuner.prompts, backbone, cfg.tuner.probe_prompts)
         refuse_overlap(probe, self.prompts)
         scored = {normalise(t) for p in self.prompts.prompts for t in p.turns}
-        use = Use(cfg.temperature, cfg.top_p, cfg.lookup_tokens)
+        compiled = resolve_compile(cfg.compile, backbone.device)  # priced as the eval's decoder runs
+        use = Use(cfg.temperature, cfg.top_p, cfg.lookup_tokens, cfg.max_cache_len if compiled else 0)
         return load_or_tune(method, backbone, loaded, probe, cfg.tuner, use, scored)
 
     def evaluate(

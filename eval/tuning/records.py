@@ -5,7 +5,7 @@ A condition is the temperature class (greedy / sampled), device, dtype, the CPU 
 chosen for (`tuner.threads`: a setting, by default torch's count, i.e. OMP_NUM_THREADS or the machine's cores,
 never the cores free at start, so a busy machine at start neither changes the tree nor hides the record an idle
 one wrote), how the drafter's layers
-are stored, the weights and the lookup branch. Each condition keeps its own record: a temperature-1 eval never
+are stored, the weights, the lookup branch and whether the verify steps run compiled. Each condition keeps its own record: a temperature-1 eval never
 replaces the greedy eval's tree.
 """
 
@@ -46,8 +46,8 @@ def planned_threads(cfg: TunerConfig) -> int:
 
 def conditions(backbone, loaded: LoadedDrafter, use: Use = GREEDY, threads: int | None = None) -> dict:
     """What a record is valid for: the temperature class, device, dtype, CPU threads (`threads`; None: torch's
-    count now), the weights it was measured on and how the drafter's layers were stored (int8 / native:
-    models/int8.py; the draft costs differ)."""
+    count now), the weights it was measured on, how the drafter's layers were stored (int8 / native:
+    models/int8.py; the draft costs differ) and whether the verify steps run compiled."""
     dev = backbone.device
     return {
         "temperature": temperature_class(use.temperature),
@@ -58,6 +58,7 @@ def conditions(backbone, loaded: LoadedDrafter, use: Use = GREEDY, threads: int 
         "threads": (threads or torch.get_num_threads()) if dev.type == "cpu" else None,
         "torch": torch.__version__,
         "weights": weights_signature(loaded.path) if loaded.path else None,
+        "compiled": use.compiled,
     }
 
 

@@ -39,8 +39,10 @@ log = logging.getLogger("headstart.eval")
 # apart from the scored ones, at the eval's temperature class, for a stated thread count, plain decoding a choice
 VERSION = 4
 LOOKUP_KEY = "lookup search"  # the branch's cost, timed beside the drafter's settings
-# verify widths timed (up to max_width)
+# verify widths timed (up to max_width); compiled, each width compiles once (minutes on a CPU): fewer of them,
+# the costs between interpolated
 WIDTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128)
+COMPILED_WIDTHS = (1, 2, 4, 8, 16, 32, 64, 96)
 MODES = ("auto", "force", "off")
 PLAIN, SPECULATE = "plain", "speculate"  # a record's `choice`
 
@@ -86,11 +88,18 @@ class TunerConfig:
 @dataclass(frozen=True)
 class Use:
     """What the settings are chosen for: the eval's sampling (the probe decodes with it; temperature 0 and
-    above 0 are separate records) and the prompt-lookup branch carried on the tree (0: none)."""
+    above 0 are separate records), the prompt-lookup branch carried on the tree (0: none), and whether the
+    verify forwards run compiled (eval/engine/compiled.py) over a KV cache of `compile_cache` positions (0:
+    eager). Compiled steps are priced compiled, at that cache length, so the eval reuses the graphs."""
 
     temperature: float = 0.0
     top_p: float = 1.0
     lookup_tokens: int = 0
+    compile_cache: int = 0
+
+    @property
+    def compiled(self) -> bool:
+        return self.compile_cache > 0
 
     def __post_init__(self) -> None:
         if self.lookup_tokens < 0 or self.temperature < 0:
@@ -314,9 +323,12 @@ def measure(method, backbone, loaded: LoadedDrafter, prompts: list[list[int]], c
     probe = {"options": run.options, "width": run.width, "steps": sum(map(len, run.groups)),
              "trials_by_depth": trials, "prompts": len(prompts), "tokens": cfg.probe_tokens}  # fmt: skip
     max_width = cfg.max_width or (96 if backbone.device.type == "cuda" else 32)
-    widths = [w for w in WIDTHS if w <= max_width]
+    widths = [w for w in (COMPILED_WIDTHS if use.compiled else WIDTHS) if w <= max_width]
     shapes = {str(w): (w, None if w == 1 else chain_tree(w - 1)) for w in widths}
-    raw = {int(w): s for w, s in step_costs(backbone, shapes, context, cfg.reps).items()}
+    compiled = dict.fromkeys(shapes, True) if use.compiled else None
+    timed = step_costs(backbone, shapes, context, cfg.reps, compiled, max_cache_len=use.compile_cache)
+    raw = {int(w): s for w, s in timed.items()}
+    probe["compiled"] = use.compiled
     costs = Costs(verify=non_decreasing(raw), draft={}, bookkeeping=run.bookkeeping, prefill=run.prefill_s)
     probe["verify_s_as_timed"] = {str(w): t for w, t in raw.items()}  # before the non-decreasing fit
     return Measured(costs, measured, probe, context, max_width, branch)
