@@ -174,9 +174,10 @@ case $verb in
     # heads' tree carries a 4-token prompt-lookup branch (lookup_tokens): headstart's decoder only; vLLM
     # serves the heads alone (./launch.sh serve-check measures them there)
     "$PY" eval/run.py checkpoint="$run_dir/drafter" out_dir="$run_dir/eval" limit_per_category=2 \
-      max_new_tokens=128 lookup_tokens=4 "baselines=[prompt_lookup]"
+      "prompts=[dev,spec_bench]" max_new_tokens=128 lookup_tokens=4 "baselines=[prompt_lookup]"
     "$PY" eval/run.py checkpoint="$run_dir/drafter" out_dir="$run_dir/eval_t1" limit_per_category=1 \
-      max_new_tokens=128 lookup_tokens=4 temperature=1.0 "baselines=[prompt_lookup]" timing.budget_s=0
+      "prompts=[dev,spec_bench]" max_new_tokens=128 lookup_tokens=4 temperature=1.0 "baselines=[prompt_lookup]" \
+      timing.budget_s=0
     ;;
   medusa|eagle|distill) ensure_backbone_parts "$@"; train_launch "train/$verb.py" "$@" ;;
   eval) "$PY" eval/run.py "$@" ;;

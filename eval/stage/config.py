@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -32,7 +33,9 @@ PROPOSER_KEYS = ("num_draft_tokens", "tree", "tree_nodes", "topk")  # EvalConfig
 class EvalConfig:
     # A drafter checkpoint folder (config.json + model.safetensors) or a run folder holding several of them.
     checkpoint: str = ""
-    prompts: str = DEFAULT_PROMPTS  # Spec-Bench / MT-bench jsonl: question_id, category, turns
+    # Spec-Bench / MT-bench jsonl (question_id, category, turns), a shipped set's name (dev: vicuna + alpaca +
+    # humaneval; spec_bench: a 24-prompt Spec-Bench slice; data/PROMPTS.md), or a list of them scored as one set
+    prompts: Any = DEFAULT_PROMPTS
     out_dir: str = "runs/eval/${now:%Y-%m-%d_%H-%M-%S}"  # single process: a timestamp cannot differ by rank
     method: str = ""  # speculative method; empty: the checkpoint's own (medusa, ...; distillspec -> draft)
     limit_per_category: int = 0  # first N prompts of each category; 0: all
@@ -108,6 +111,13 @@ class EvalConfig:
             raise EvalError(
                 f"lookup_tokens={self.lookup_tokens} with method={self.method}: the prompt-lookup branch joins the "
                 f"draft tree of {list(TREE_METHODS)}. Fix: lookup_tokens=0"
+            )
+        if not isinstance(self.prompts, str) and not (
+            isinstance(self.prompts, list) and self.prompts and all(isinstance(p, str) for p in self.prompts)
+        ):
+            raise EvalError(
+                f"prompts={self.prompts!r}: expected a .jsonl path, a shipped set's name or a non-empty list of "
+                "them. Fix: prompts=dev or prompts=[dev,spec_bench]"
             )
         if self.limit_per_category < 0 or self.warmup < 0:
             raise EvalError("limit_per_category and warmup must be >= 0 (limit 0 means all prompts)")

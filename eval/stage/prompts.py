@@ -2,7 +2,8 @@
 `{"question_id": str|int, "category": str, "turns": [str, ...]}` (extra keys such as `source` are kept aside).
 
 Bad rows (not JSON, missing or mistyped fields, a repeated question_id) are skipped and counted, with a few
-examples for the report; a file with no usable row is an error. Multi-turn prompts are rendered turn by turn
+examples for the report; a file with no usable row is an error. Several files score as one set (their
+categories side by side); `dev` and `spec_bench` name the sets shipped in headstart.data (data/PROMPTS.md). Multi-turn prompts are rendered turn by turn
 with the tokenizer's chat template (`chat_ids`), each earlier answer as the assistant message.
 """
 
@@ -12,9 +13,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import headstart.data
 from headstart.eval.errors import EvalError
 
 MAX_EXAMPLES = 5  # bad rows quoted in the report
+_DATA = Path(headstart.data.__file__).parent
+SHIPPED = {"dev": _DATA / "dev_prompts.jsonl", "spec_bench": _DATA / "spec_bench_dev.jsonl"}
 
 
 @dataclass
@@ -59,12 +63,16 @@ def parse_row(line: str) -> Prompt:
     return Prompt(str(qid), category, list(turns))
 
 
-def load_prompts(path: str | Path, limit_per_category: int = 0) -> PromptSet:
-    """Read a prompt file, skipping (and counting) bad rows; keep the first `limit_per_category` of each."""
-    path = Path(path)
+def load_prompts(path: str | Path | list, limit_per_category: int = 0) -> PromptSet:
+    """Read a prompt file (a path or a shipped set's name), or several as one set, skipping (and counting)
+    bad rows; keep the first `limit_per_category` of each category."""
+    if isinstance(path, (list, tuple)):
+        return _merge([load_prompts(p, limit_per_category) for p in path])
+    path = SHIPPED.get(str(path), Path(path))
     if not path.is_file():
         raise EvalError(
-            f"prompt file {path} does not exist. Fix: prompts=<a .jsonl file> (or leave the default)"
+            f"prompt file {path} does not exist. Fix: prompts=<a .jsonl file, or one of {sorted(SHIPPED)}, or a "
+            "list of them> (or leave the default)"
         )
     out = PromptSet(str(path), [])
     seen: set[str] = set()
@@ -94,6 +102,24 @@ def load_prompts(path: str | Path, limit_per_category: int = 0) -> PromptSet:
             f"prompt file {path} has no usable row ({out.bad_rows} bad: {why}). Fix: one JSON object a line "
             'with "question_id", "category" and "turns": [str, ...]'
         )
+    return out
+
+
+def _merge(sets: list[PromptSet]) -> PromptSet:
+    """One set of several files' prompts; a question_id in two files is refused (reports key prompts by it)."""
+    out = PromptSet(", ".join(s.path for s in sets), [])
+    where: dict[str, str] = {}
+    for s in sets:
+        for p in s.prompts:
+            if p.question_id in where:
+                raise EvalError(
+                    f"question_id {p.question_id!r} is in both {where[p.question_id]} and {s.path}. Fix: give "
+                    "each file's prompts their own ids"
+                )
+            where[p.question_id] = s.path
+        out.prompts += s.prompts
+        out.bad_rows += s.bad_rows
+        out.bad_examples += [f"{s.path}: {e}" for e in s.bad_examples][: MAX_EXAMPLES - len(out.bad_examples)]
     return out
 
 

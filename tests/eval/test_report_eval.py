@@ -147,6 +147,27 @@ def test_eval_config_composes(logger):
     assert cfg.prompts.endswith("dev_prompts.jsonl") and Path(cfg.prompts).is_file()
 
 
+def test_several_prompt_files_score_as_one_set(tmp_path):
+    """prompts= takes a path, a shipped set's name or a list of them; the list is one set whose categories sit
+    side by side; an id in two files and a list of non-strings are refused in one line."""
+    from headstart.eval.stage.prompts import load_prompts
+
+    cfg = to_eval_config(_compose(["checkpoint=ck", "out_dir=o", "prompts=[dev,spec_bench]"]))
+    both = load_prompts(cfg.prompts, limit_per_category=1)
+    dev, bench = load_prompts("dev", 1), load_prompts("spec_bench", 1)
+    assert both.categories == dev.categories | bench.categories and len(bench.categories) == 6
+    assert [p.question_id for p in both.prompts] == [p.question_id for p in dev.prompts + bench.prompts]
+    assert both.path.endswith("spec_bench_dev.jsonl") and "dev_prompts.jsonl, " in both.path
+    copy = tmp_path / "copy.jsonl"
+    copy.write_text((Path(dev.path)).read_text().splitlines()[0] + "\n")
+    with pytest.raises(EvalError, match=r"question_id .* is in both .*dev_prompts.jsonl and .*copy.jsonl"):
+        load_prompts(["dev", str(copy)])
+    with pytest.raises(EvalError, match=r"prompts=\[1\]: expected a .jsonl path.*Fix: prompts=dev"):
+        to_eval_config(_compose(["checkpoint=ck", "out_dir=o", "prompts=[1]"]))
+    with pytest.raises(EvalError, match=r"one of \['dev', 'spec_bench'\]"):
+        load_prompts("spec-bench")
+
+
 def test_lookahead_options_compose_typed():
     cfg = to_eval_config(
         _compose(["checkpoint=ck", "out_dir=o", "baselines=[lookahead]", "lookahead.window=8"])
