@@ -26,7 +26,16 @@ log = logging.getLogger(__name__)
 DECODING_NAME = "decoding.json"
 FORMAT = 2  # 2: {"format", "records": [...]}; a bare record at the top level is the first format
 # what makes two records the same condition (besides version and lookup_tokens)
-CONDITION_KEYS = ("temperature", "device", "device_name", "dtype", "threads", "draft_weights", "weights", "compiled")
+CONDITION_KEYS = (
+    "temperature",
+    "device",
+    "device_name",
+    "dtype",
+    "threads",
+    "draft_weights",
+    "weights",
+    "compiled",
+)
 GREEDY, SAMPLED, UNKNOWN = (
     "greedy",
     "sampled",

@@ -195,7 +195,11 @@ def test_the_default_tuning_prompts_share_nothing_with_the_default_scored_ones()
     assert TunerConfig().prompts == DEFAULT_TUNING_PROMPTS != DEFAULT_PROMPTS
     texts = [normalise(t) for p in load_prompts(DEFAULT_TUNING_PROMPTS).prompts for t in p.turns]
     assert len(texts) >= TunerConfig().probe_prompts
-    assert shared_texts(texts, load_prompts(DEFAULT_PROMPTS)) == []
+    assert shared_texts(texts, load_prompts(["dev", "spec_bench"])) == []
+    # every category scored by the shipped sets is probed by some tuning prompt
+    assert set(load_prompts(["dev", "spec_bench"]).categories) <= set(
+        load_prompts(DEFAULT_TUNING_PROMPTS).categories
+    )
 
 
 @pytest.fixture
@@ -281,4 +285,7 @@ def test_compiled_steps_are_priced_compiled_and_kept_apart(ckpt, scored, tuning,
     assert {r.cache.max_cache_len for r in made if r.compiled} == {512}  # the tuner's runner and the eval's
     assert "compiled steps" in report["decoding"]["record"]
     eager = _eval(ckpt, scored, tmp_path / "e", tuning, max_cache_len=512)["decoding"]
-    assert eager["reused"] is False and [r["conditions"]["compiled"] for r in read_decodings(ckpt)] == [True, False]
+    assert eager["reused"] is False and [r["conditions"]["compiled"] for r in read_decodings(ckpt)] == [
+        True,
+        False,
+    ]
