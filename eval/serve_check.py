@@ -23,6 +23,7 @@ from headstart.eval.errors import EvalError
 from headstart.eval.serving.check import serve_check
 from headstart.eval.stage.config import DEFAULT_PROMPTS
 from headstart.eval.stage.prompts import load_prompts, spread
+from headstart.eval.tuning.prompts import DEFAULT_TUNING_PROMPTS, normalise
 from headstart.models.backbone import BackboneError
 from headstart.vllm_runner import VllmError
 
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         metavar="M",
         help="also serve the drafter with headstart's vLLM plugin: the prompt-lookup chain where its match is >= M "
-        "tokens (M = 0: decoding.json's lookup rule, tuned on unscored prompts of --prompts when absent), beside headstart's decoder running the same rule",
+        "tokens (M = 0: decoding.json's lookup rule, tuned on the tuner's prompts, data/tuning_prompts.jsonl, when absent), beside headstart's decoder running the same rule",
     )
     p.add_argument(
         "--suffix", action="store_true", help="vLLM's suffix decoding beside ngram (arctic-inference)"
@@ -99,10 +100,12 @@ def main(argv: list[str] | None = None) -> None:
         else:
             chosen = spread([q for f in args.prompts for q in load_prompts(f).prompts], args.n)
         categories = None if args.no_baselines else [q.category for q in chosen]
-        # the rule is tuned (when decoding.json has none) on prompts of the same files that are NOT scored
-        scored = {q.question_id for q in chosen}
+        # the rule is tuned (when decoding.json has none) on the tuner's prompts, never on a scored one
+        scored = {normalise(t) for q in chosen for t in q.turns}
         spare = [
-            q.turns[0] for f in args.prompts for q in load_prompts(f).prompts if q.question_id not in scored
+            q.turns[0]
+            for q in load_prompts(DEFAULT_TUNING_PROMPTS).prompts
+            if normalise(q.turns[0]) not in scored
         ]
         report = serve_check(drafter, [q.turns[0] for q in chosen], out, args.k, args.max_new_tokens, categories,
                              args.hybrid, args.suffix, spread(spare, 6), dtype=args.dtype)  # fmt: skip
