@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import ctrl_c_default
+
 FAKE_VLLM = """
 import os, subprocess, sys, time
 
@@ -73,6 +75,7 @@ def test_engine_processes_die_with_their_parent(fake_venv, tmp_path, sig):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ctrl_c_default,
     )
     assert parent.stdout.readline().strip() == "ready", parent.stderr.read()
     worker, core = map(int, (tmp_path / "pids").read_text().split())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -82,3 +83,9 @@ def run_train(
             f"exit {res.returncode}\nSTDOUT:\n{res.stdout[-3000:]}\nSTDERR:\n{res.stderr[-5000:]}"
         )
     return res
+
+
+def ctrl_c_default() -> None:
+    """`preexec_fn` of a child a test sends Ctrl-C: SIGINT back to its default disposition. A suite started in
+    the background by a non-interactive shell ignores SIGINT, and an ignored signal stays ignored across exec."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

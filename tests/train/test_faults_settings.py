@@ -22,7 +22,7 @@ from headstart.models.eagle_config import Eagle3Config
 from headstart.models.medusa import MedusaConfig, MedusaHeads
 from headstart.train.checkpoints import save_checkpoint
 from headstart.train.config import OptimConfig
-from helpers import REPO, env, run_train, train_overrides, write_chat_file
+from helpers import REPO, ctrl_c_default, env, run_train, train_overrides, write_chat_file
 
 
 def test_draft_vocab_larger_than_the_vocabulary_is_refused_not_clamped(tmp_path):
@@ -125,7 +125,12 @@ def test_ctrl_c_stops_with_one_line_naming_the_last_checkpoint(tmp_path):
         run_dir, data, tmp_path / "cache", **{"train.max_steps": 400, "train.save_every": 2}
     )
     proc = subprocess.Popen(
-        [sys.executable, "train/medusa.py", *over], cwd=REPO, env=env(), stderr=subprocess.PIPE, text=True
+        [sys.executable, "train/medusa.py", *over],
+        cwd=REPO,
+        env=env(),
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=ctrl_c_default,
     )
     first = run_dir / "checkpoints" / "step_00000002" / "trainer_state.json"
     deadline = time.time() + 240
