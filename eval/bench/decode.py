@@ -96,9 +96,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0, help="CPU threads; 0: the cores free at the start")
     p.add_argument(
         "--compile",
-        default="eager",
+        default=None,
         choices=COMPILE_MODES,
-        help="our decoders' steps (eval/engine/compiled.py)",
+        help="our decoders' steps (eval/engine/compiled.py); default eager, with --verify-costs auto (the "
+        "compiled column where inductor runs; eager: that column n/a)",
     )
     p.add_argument(
         "--verify-costs",
@@ -226,7 +227,10 @@ def build_methods(args, backbone: Backbone, draft: Backbone | None, cache_len: i
     from headstart.models.decoding import pick, read_decodings
 
     eos, n, k = eos_token_ids(backbone), args.max_new_tokens, args.num_draft_tokens
-    kw = {"max_cache_len": cache_len, "compile": args.compile}  # every one of ours: the same kernels
+    kw = {
+        "max_cache_len": cache_len,
+        "compile": args.compile or "eager",
+    }  # every one of ours: the same kernels
     ours = {"ours vanilla": Decoder(backbone, "vanilla", **kw)}
     if args.checkpoint:
         picked = pick(read_decodings(args.checkpoint), greedy=True, device=backbone.device.type)
@@ -413,7 +417,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
         if device.type == "cpu":
             choose_threads(args.threads)
-        mode = "auto" if args.compile == "eager" else args.compile  # the compiled column: where inductor runs
+        mode = args.compile or "auto"  # the compiled column: where inductor runs, unless eager is asked for
         print(report(backbone, bcfg.dtype, args.widths, args.context, args.reps, mode))
         return []
     draft = (

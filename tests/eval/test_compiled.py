@@ -206,3 +206,15 @@ def test_step_costs_time_each_side_on_its_own_path(monkeypatch):
     assert set(costs) == {"vanilla", "eager"} and all(c > 0 for c in costs.values())
     assert sorted((r.compiled, r.cache.max_cache_len) for r in made) == [(False, 17), (True, 64)]
     assert [set(r._graphs) for r in made if r.compiled] == [{(1, True)}]  # the compiled side ran its graph
+
+
+def test_bench_decode_verify_costs_honours_an_explicit_eager(monkeypatch, capsys):
+    """--verify-costs compiles its second column where inductor runs, unless --compile eager is asked for."""
+    from headstart.eval.bench import decode
+    from headstart.eval.timing import verify_cost
+
+    seen = []
+    monkeypatch.setattr(verify_cost, "report", lambda *a: seen.append(a[-1]) or "table")
+    for extra in ([], ["--compile", "eager"], ["--compile", "max-autotune"]):
+        decode.main(["--backbone", "tiny", "--verify-costs", "--dtype", "float32", "--threads", "1", *extra])
+    assert seen == ["auto", "eager", "max-autotune"]
