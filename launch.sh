@@ -189,12 +189,12 @@ case $verb in
     # the HF engine is asked for (data.regen.engine=hf) or HEADSTART_NO_VLLM=1
     [[ -n ${HEADSTART_NO_VLLM:-} || " ${args[*]} " == *" data.regen.engine=hf "* ]] || vllm_setup
     train_launch train/medusa.py experiment=medusa_smollm2_selfdistill_cpu run_dir="$run_dir" "${args[@]}"
-    # greedy, beside prompt lookup in the same timing rounds (eval/compare.md); then temperature 1 (eval_t1/,
-    # one prompt per category, one interleaved pass: timing.budget_s=0 saves ~2 of the job's ~32 min). The
+    # greedy, beside prompt lookup and Lookahead decoding in the same timing rounds (eval/compare.md); then
+    # temperature 1 beside prompt lookup (eval_t1/, one prompt per category, one interleaved pass). The
     # heads' tree carries a 4-token prompt-lookup branch (lookup_tokens): headstart's decoder only; vLLM
     # serves the heads alone (./launch.sh serve-check measures them there)
     "$PY" eval/run.py checkpoint="$run_dir/drafter" out_dir="$run_dir/eval" limit_per_category=2 \
-      "prompts=[dev,spec_bench]" max_new_tokens=128 lookup_tokens=4 "baselines=[prompt_lookup]"
+      "prompts=[dev,spec_bench]" max_new_tokens=128 lookup_tokens=4 "baselines=[prompt_lookup,lookahead]"
     "$PY" eval/run.py checkpoint="$run_dir/drafter" out_dir="$run_dir/eval_t1" limit_per_category=1 \
       "prompts=[dev,spec_bench]" max_new_tokens=128 lookup_tokens=4 temperature=1.0 "baselines=[prompt_lookup]" \
       timing.budget_s=0
