@@ -166,12 +166,25 @@ def _k_lines(c: dict, v: dict) -> list[str]:
     ]
 
 
-def vllm_snippet(base: str, spec: str) -> list[str]:
-    """The card's "how to serve" lines for a vLLM layout; `spec` is the speculative_config as JSON."""
-    return [
+def vllm_snippet(base: str, spec: str, meta: dict | None = None, k: int = 0) -> list[str]:
+    """The card's "how to serve" lines for a vLLM layout; `spec` is the speculative_config as JSON. With the
+    greedy record's lookup rule for this chain of `k` (eval/tuning/lookup_rule.py), also how to serve it with
+    headstart's lookup plugin (eval/serving/vllm_plugin.py)."""
+    lines = [
         "With vLLM:", "", "```python", "from vllm import LLM", "",
         f'llm = LLM(model="{base}", speculative_config={spec})', "```", "",
         f"or `vllm serve {base} --speculative-config '{spec}'`.",
+    ]  # fmt: skip
+    rule = (tuned(meta or {}) or {}).get("lookup_rule") or {}
+    if rule.get("min_match") is None or rule.get("k") != k:
+        return lines
+    plugin = f'{{"headstart_lookup": {{"min_match": {rule["min_match"]}}}}}'
+    return lines + [
+        "", "With headstart's lookup plugin (vLLM 0.32; a headstart checkout installed in vLLM's environment by "
+        "`pip install --no-deps .`): each step verifies the prompt-lookup chain instead of the drafter's where "
+        f"the context's longest earlier match has at least {rule['min_match']} tokens (chosen on tuning prompts):",
+        "", "```bash", f"vllm serve {base} --speculative-config '{spec}' \\",
+        f"  --additional-config '{plugin}' --no-async-scheduling", "```",
     ]  # fmt: skip
 
 

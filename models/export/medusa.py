@@ -193,7 +193,7 @@ def medusa_card(meta: dict, layout: str, report: dict | None):
         ]  # fmt: skip
     else:
         spec = f'{{"model": "{THIS_REPO}", "method": "medusa", "num_speculative_tokens": {served}}}'
-        library, serve = "vllm", vllm_snippet(base, spec) + tuned_lines(meta)
+        library, serve = "vllm", vllm_snippet(base, spec, meta, served) + tuned_lines(meta)
         if served < k:
             serve += ["", f"This folder ships the first {served} of the {k} trained heads (vLLM drafts one token "
                       "per head it loads); the `medusa` layout has all of them."]  # fmt: skip

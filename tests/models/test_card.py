@@ -190,3 +190,19 @@ def test_a_vllm_layouts_headline_is_what_vllm_runs(backbone, tmp_path):
         "tau in headstart's decoder with a 4-token prompt-lookup branch",
         "speedup in headstart's decoder with a 4-token prompt-lookup branch",
     ]
+
+
+def test_a_vllm_card_shows_the_plugin_command_for_its_own_chain():
+    """The greedy record's lookup rule, tuned for the chain the card serves, becomes the plugin's command; a rule
+    for another K, or one that found the drafter alone best (min_match None), adds nothing."""
+    from headstart.models.export.card import vllm_snippet
+
+    spec = '{"model": "x", "method": "medusa", "num_speculative_tokens": 2}'
+    meta = {"decoding": {"lookup_rule": {"min_match": 2, "k": 2}}}
+    text = "\n".join(vllm_snippet("org/base", spec, meta, 2))
+    assert '--additional-config \'{"headstart_lookup": {"min_match": 2}}\' --no-async-scheduling' in text
+    assert f"vllm serve org/base --speculative-config '{spec}'" in text
+    plain = "\n".join(vllm_snippet("org/base", spec))
+    assert plain == "\n".join(vllm_snippet("org/base", spec, meta, 3)) and "headstart_lookup" not in plain
+    none_best = {"decoding": {"lookup_rule": {"min_match": None, "k": 2}}}
+    assert "headstart_lookup" not in "\n".join(vllm_snippet("org/base", spec, none_best, 2))
