@@ -41,3 +41,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def made_runners(monkeypatch) -> list:
+    """Every ModelRunner built while the test runs, in order (which were compiled, at what cache length)."""
+    from headstart.eval.engine.runner import ModelRunner
+
+    made, real = [], ModelRunner.__init__
+
+    def spy(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(ModelRunner, "__init__", spy)
+    return made

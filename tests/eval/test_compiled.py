@@ -186,26 +186,19 @@ def test_verify_cost_table(monkeypatch):
     assert eager_only.count("n/a") == 2 * 6  # no compiled figure where nothing compiles
 
 
-def test_step_costs_time_each_side_on_its_own_path(monkeypatch):
+def test_step_costs_time_each_side_on_its_own_path(monkeypatch, made_runners):
     """The eval's physical checks price a compiled side with compiled steps and an eager side with eager ones
     (else a compiled vanilla beside an eager one would be flagged as off its prediction)."""
-    from headstart.eval.engine import runner as runner_module
     from headstart.eval.timing.bounds import step_costs
 
     monkeypatch.setattr(compiled, "compiled_step", lambda device: compiled._step)
-    made = []
-    real = runner_module.ModelRunner.__init__
-
-    def spy(self, *args, **kwargs):
-        real(self, *args, **kwargs)
-        made.append(self)
-
-    monkeypatch.setattr(runner_module.ModelRunner, "__init__", spy)
     shapes = {"vanilla": (1, None), "eager": (1, None)}
     costs = step_costs(tiny_backbone(), shapes, list(range(5, 20)), 2, {"vanilla": True}, max_cache_len=64)
     assert set(costs) == {"vanilla", "eager"} and all(c > 0 for c in costs.values())
-    assert sorted((r.compiled, r.cache.max_cache_len) for r in made) == [(False, 17), (True, 64)]
-    assert [set(r._graphs) for r in made if r.compiled] == [{(1, True)}]  # the compiled side ran its graph
+    assert sorted((r.compiled, r.cache.max_cache_len) for r in made_runners) == [(False, 17), (True, 64)]
+    assert [set(r._graphs) for r in made_runners if r.compiled] == [
+        {(1, True)}
+    ]  # the compiled side ran its graph
 
 
 def test_bench_decode_verify_costs_honours_an_explicit_eager(monkeypatch, capsys):

@@ -261,28 +261,23 @@ def test_when_nothing_pays_plain_decoding_is_chosen_said_and_decoded(
     assert read_decoding(ckpt)["choice"] == PLAIN
 
 
-def test_compiled_steps_are_priced_compiled_and_kept_apart(ckpt, scored, tuning, tmp_path, monkeypatch):
+def test_compiled_steps_are_priced_compiled_and_kept_apart(
+    ckpt, scored, tuning, tmp_path, monkeypatch, made_runners
+):
     """compile=max-autotune: the tuner times the verify widths on compiled steps (fewer widths: each compiles
     once) over the eval's own cache length, so the eval reuses those graphs; the record says compiled and an
     eager eval tunes its own. `torch.compile` is replaced by the plain function (the compiled path runs fast)."""
     from headstart.eval.engine import compiled
-    from headstart.eval.engine import runner as runner_module
 
     monkeypatch.setattr(compiled, "compiled_step", lambda device: compiled._step)
-    made = []
-    real = runner_module.ModelRunner.__init__
-
-    def spy(self, *args, **kwargs):
-        real(self, *args, **kwargs)
-        made.append(self)
-
-    monkeypatch.setattr(runner_module.ModelRunner, "__init__", spy)
     report = _eval(ckpt, scored, tmp_path / "c", tuning, compile="max-autotune", max_cache_len=512)
     record = read_decodings(ckpt)[0]
     assert record["conditions"]["compiled"] is True and record["acceptance"]["probe"]["compiled"] is True
     timed = sorted(map(int, record["acceptance"]["probe"]["verify_s_as_timed"]))
     assert timed == [w for w in tuner_module.COMPILED_WIDTHS if w <= 32]
-    assert {r.cache.max_cache_len for r in made if r.compiled} == {512}  # the tuner's runner and the eval's
+    assert {r.cache.max_cache_len for r in made_runners if r.compiled} == {
+        512
+    }  # the tuner's runner and the eval's
     assert "compiled steps" in report["decoding"]["record"]
     eager = _eval(ckpt, scored, tmp_path / "e", tuning, max_cache_len=512)["decoding"]
     assert eager["reused"] is False and [r["conditions"]["compiled"] for r in read_decodings(ckpt)] == [
