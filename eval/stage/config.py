@@ -6,25 +6,24 @@ ConfigStore, so an unknown key (`max_new_token=8`) or a wrong type fails at comp
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-import headstart.data
 from headstart.cli_checks import unknown_keys, unknown_message
 from headstart.eval.engine.compiled import COMPILE_MODES
 from headstart.eval.engine.proposers import DRAFT, LOOKAHEAD, PROPOSERS, TREE_METHODS, TREE_NAMES
 from headstart.eval.engine.proposers.lookahead import LookaheadOptions
 from headstart.eval.errors import EvalError  # noqa: F401  (re-raised by the entry scripts)
+from headstart.eval.stage.prompts import SHIPPED
 from headstart.eval.timing.harness import TimingConfig
 from headstart.eval.tuning.tuner import TunerConfig
 from headstart.models.backbone import DTYPES
 from headstart.models.int8 import MODES as INT8_MODES
 from headstart.tracking import LoggerConfig
 
-DEFAULT_PROMPTS = str(Path(headstart.data.__file__).parent / "dev_prompts.jsonl")
+DEFAULT_PROMPTS = str(SHIPPED["dev"])
 SPEC_METHODS = tuple(PROPOSERS)  # every decoding method but vanilla
 PROPOSER_KEYS = ("num_draft_tokens", "tree", "tree_nodes", "topk")  # EvalConfig's keys for proposer options
 

@@ -3,8 +3,9 @@
 
 Bad rows (not JSON, missing or mistyped fields, a repeated question_id) are skipped and counted, with a few
 examples for the report; a file with no usable row is an error. Several files score as one set (their
-categories side by side); `dev` and `spec_bench` name the sets shipped in headstart.data (data/PROMPTS.md). Multi-turn prompts are rendered turn by turn
-with the tokenizer's chat template (`chat_ids`), each earlier answer as the assistant message.
+categories side by side); `dev` and `spec_bench` name the sets shipped in headstart.data (data/PROMPTS.md).
+Multi-turn prompts are rendered turn by turn with the tokenizer's chat template (`chat_ids`), each earlier answer
+as the assistant message.
 """
 
 from __future__ import annotations

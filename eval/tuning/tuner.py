@@ -321,14 +321,14 @@ def measure(method, backbone, loaded: LoadedDrafter, prompts: list[list[int]], c
     ranks = max((len(h) for h in hits), default=1)
     measured = acceptance_table(hits, trials, cfg.min_trials, ranks)
     probe = {"options": run.options, "width": run.width, "steps": sum(map(len, run.groups)),
-             "trials_by_depth": trials, "prompts": len(prompts), "tokens": cfg.probe_tokens}  # fmt: skip
+             "trials_by_depth": trials, "prompts": len(prompts), "tokens": cfg.probe_tokens,
+             "compiled": use.compiled}  # fmt: skip
     max_width = cfg.max_width or (96 if backbone.device.type == "cuda" else 32)
     widths = [w for w in (COMPILED_WIDTHS if use.compiled else WIDTHS) if w <= max_width]
     shapes = {str(w): (w, None if w == 1 else chain_tree(w - 1)) for w in widths}
     compiled = dict.fromkeys(shapes, True) if use.compiled else None
     timed = step_costs(backbone, shapes, context, cfg.reps, compiled, max_cache_len=use.compile_cache)
     raw = {int(w): s for w, s in timed.items()}
-    probe["compiled"] = use.compiled
     costs = Costs(verify=non_decreasing(raw), draft={}, bookkeeping=run.bookkeeping, prefill=run.prefill_s)
     probe["verify_s_as_timed"] = {str(w): t for w, t in raw.items()}  # before the non-decreasing fit
     return Measured(costs, measured, probe, context, max_width, branch)
