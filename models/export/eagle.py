@@ -231,8 +231,8 @@ def eagle_card(meta: dict, layout: str, report: dict | None, truncated: bool = F
         ]  # fmt: skip
     else:  # vLLM's layouts (speculators for EAGLE-3)
         k = tuned_k(meta, 3)
-        spec = f'{{"model": "{THIS_REPO}", "method": "{meta["method"]}", "num_speculative_tokens": {k}}}'
-        library, serve = "vllm", vllm_snippet(base, spec, meta, k) + tuned_lines(meta)
+        spec = {"model": THIS_REPO, "method": meta["method"], "num_speculative_tokens": k}
+        library, serve = "vllm", vllm_snippet(base, spec, meta) + tuned_lines(meta)
     return model_card(meta, layout=layout, title=f"{kind} drafter for {base}", about=about, serve=serve,
                       library=library, report=report, tags=("eagle",))  # fmt: skip
 

@@ -177,6 +177,7 @@ def medusa_card(meta: dict, layout: str, report: dict | None):
     m, base = meta["method_config"], base_model_id(meta["backbone"])
     k = m["num_heads"]
     served = min(tuned_k(meta, k), k) if layout == "vllm" else k
+    shipped = shipped_heads(meta, k) if layout == "vllm" else k
     about = [
         f"{k} Medusa-1 heads ({m['num_layers']} residual block(s) each) for speculative decoding of `{base}`, "
         f"trained with headstart on the frozen model and exported in the **{layout}** layout."
@@ -192,11 +193,12 @@ def medusa_card(meta: dict, layout: str, report: dict | None):
             f'model = MedusaModel.from_pretrained("{THIS_REPO}")', "```",
         ]  # fmt: skip
     else:
-        spec = f'{{"model": "{THIS_REPO}", "method": "medusa", "num_speculative_tokens": {served}}}'
-        library, serve = "vllm", vllm_snippet(base, spec, meta, served) + tuned_lines(meta)
-        if served < k:
-            serve += ["", f"This folder ships the first {served} of the {k} trained heads (vLLM drafts one token "
-                      "per head it loads); the `medusa` layout has all of them."]  # fmt: skip
+        spec = {"model": THIS_REPO, "method": "medusa", "num_speculative_tokens": served}
+        library, serve = "vllm", vllm_snippet(base, spec, meta) + tuned_lines(meta)
+        if shipped < k:
+            serve += ["", f"This folder ships the first {shipped} of the {k} trained heads (vLLM drafts one token "
+                      "per head it loads, and drops the drafts past `num_speculative_tokens`); the `medusa` layout "
+                      "has all of them."]  # fmt: skip
     return model_card(meta, layout=layout, title=f"Medusa heads for {base}", about=about, serve=serve,
                       library=library, report=report, tags=("medusa",))  # fmt: skip
 
@@ -220,14 +222,26 @@ def truncation_note(meta: dict, layout: str) -> str:
     )
 
 
+def shipped_heads(meta: dict, num_heads: int) -> int:
+    """How many heads the vLLM layout ships: the tuner's chain length (all heads without one), or the hybrid's
+    longer lookup chain when the greedy record has a rule for that chain (vLLM's Medusa drafts one token per
+    head it loads, and the lookup plugin replaces a chain of num_speculative_tokens)."""
+    from headstart.models.decoding import served_rule
+    from headstart.models.export.card import tuned, tuned_k
+
+    k = min(tuned_k(meta, num_heads), num_heads)
+    rule = served_rule(tuned(meta), k)
+    return min(num_heads, max(k, rule["lookup_tokens"])) if rule else k
+
+
 def export(drafter_dir: Path, meta: dict, out: Path, layouts: list[str], report: dict | None) -> list[Path]:
     """Medusa heads -> OUT/<layout> for each layout (OUT itself for one), each with a model card."""
     from headstart.models.checkpoint import load_for_export
-    from headstart.models.export.card import base_model_id, save_card, tuned_k
+    from headstart.models.export.card import base_model_id, save_card
 
     heads, _ = load_for_export(drafter_dir, meta)
     base_model = base_model_id(meta["backbone"])
-    k = tuned_k(meta, heads.cfg.num_heads)  # the tuner's chain length for vLLM (all heads without one)
+    k = shipped_heads(meta, heads.cfg.num_heads)
     written = []
     for layout in layouts:
         folder = out / layout if len(layouts) > 1 else out

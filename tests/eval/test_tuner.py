@@ -304,6 +304,22 @@ def test_exports_write_the_tuned_k(ckpt, tmp_path):
     assert not any(k.startswith("blocks.1.") for k in load_file(folder / "model.safetensors"))
 
 
+def test_a_hybrid_rule_with_a_longer_lookup_chain_ships_that_many_heads(ckpt, tmp_path):
+    """vLLM drafts one token per Medusa head it loads: the plugin's lookup chain of 2 needs the 2 heads although
+    the heads alone are served as a chain of 1."""
+    from headstart.models.export import export
+
+    rule = {"min_match": 2, "k": 1, "lookup_tokens": 2}
+    saved = {"decoder": {"tree": [[0]]}, "decoder_summary": {"verify_width": 2}, "conditions": {"device": "cuda"},
+             "vllm": {"num_speculative_tokens": 1, "tokens_per_step": 1.3, "speedup": 1.2}, "lookup_rule": rule}  # fmt: skip
+    write_decoding(ckpt, saved)
+    (folder,) = export(ckpt, tmp_path / "out", ["vllm"])
+    assert json.loads((folder / "config.json").read_text())["num_heads"] == 2
+    card = (folder / "README.md").read_text()
+    assert '"num_speculative_tokens": 1}\'`' in card  # the heads alone: their own chain
+    assert '"num_speculative_tokens": 2}\' \\' in card and '"drafter_tokens": 1' in card
+
+
 def test_speculators_export_writes_k(backbone, tmp_path):
     from headstart.models.checkpoint import build_drafter
     from headstart.models.eagle import Eagle3Config

@@ -20,17 +20,22 @@ def test_the_search_is_headstarts_prompt_lookup():
             assert plugin.find_match(context, max_ngram, k) == ours(torch.tensor(context), max_ngram, k)
 
 
-def test_the_lookup_chain_replaces_the_drafts_only_when_long_enough_and_full():
+def test_the_lookup_chain_replaces_the_drafts_only_when_long_enough():
     context = np.array([4, 5, 6, 7, 4, 5])  # "4 5" seen before, followed by 6 7 4 5
-    assert plugin.choose(context, [1, 2], min_match=2) == [6, 7]
-    assert plugin.choose(context, [1, 2], min_match=3) == [1, 2]  # a 2-gram match is not enough
-    assert plugin.choose(np.array([1, 4, 5, 6, 4, 5]), [1, 2, 3, 8], min_match=1) == [
-        1,
-        2,
-        3,
-        8,
-    ]  # 3 follow, not 4
-    assert plugin.choose(context, [], min_match=1) == []
+    assert plugin.choose(context, [1, 2], min_match=2) == (True, [6, 7])
+    assert plugin.choose(context, [1, 2], min_match=3) == (False, [1, 2])  # a 2-gram match is not enough
+    only_three = np.array([1, 4, 5, 6, 4, 5])  # 3 tokens follow the match, not 4: fewer drafts, as ngram's
+    assert plugin.choose(only_three, [1, 2, 3, 8], min_match=1) == (True, [6, 4, 5])
+    assert plugin.choose(np.array([4, 5, 6]), [1, 2], min_match=1) == (False, [1, 2])  # nothing seen before
+    assert plugin.choose(context, [], min_match=1) == (False, [])
+
+
+def test_a_lookup_chain_longer_than_the_drafters_own():
+    """K = 4 drafts: the lookup chain takes all four; the drafter keeps only its first `drafter_tokens`."""
+    context = np.array([4, 5, 6, 7, 8, 9, 4, 5])
+    assert plugin.choose(context, [1, 2, 3, 8], 2, drafter_tokens=2) == (True, [6, 7, 8, 9])
+    assert plugin.choose(context, [1, 2, 3, 8], 3, drafter_tokens=2) == (False, [1, 2])
+    assert plugin.choose(context, [1, 2, 3, 8], 3, drafter_tokens=4) == (False, [1, 2, 3, 8])
 
 
 @pytest.mark.parametrize(
@@ -38,6 +43,7 @@ def test_the_lookup_chain_replaces_the_drafts_only_when_long_enough_and_full():
     [
         ({"headstart_lookup": {"min_match": 4}}, r"min_match=4: must be in 1..max_ngram \(3\)"),
         ({"headstart_lookup": {"min_mach": 2}}, r"unknown keys \['min_mach'\]. Fix"),
+        ({"headstart_lookup": {"drafter_tokens": 0}}, r"drafter_tokens=0: must be >= 1. Fix"),
     ],
 )
 def test_bad_settings_are_refused(config, match):
@@ -47,19 +53,24 @@ def test_bad_settings_are_refused(config, match):
 
 def test_settings_absent_means_the_plugin_stays_out():
     assert plugin.settings({}) is None and plugin.settings({"other": 1}) is None
-    assert plugin.settings({"headstart_lookup": {}}) == {"min_match": 1, "max_ngram": 3}
+    default = {"min_match": 1, "max_ngram": 3, "drafter_tokens": None}
+    assert plugin.settings({"headstart_lookup": {}}) == default
 
 
 def engine(spec=True, async_=False, extra=None):
     return SimpleNamespace(
         additional_config={"headstart_lookup": {"min_match": 2}} if extra is None else extra,
-        speculative_config=object() if spec else None,
+        speculative_config=SimpleNamespace(num_speculative_tokens=4) if spec else None,
         scheduler_config=SimpleNamespace(async_scheduling=async_),
     )
 
 
 def test_engines_it_cannot_serve_are_refused_at_start():
-    assert plugin._check_engine(engine(), "0.32.0") == {"min_match": 2, "max_ngram": 3}
+    assert plugin._check_engine(engine(), "0.32.0") == {
+        "min_match": 2,
+        "max_ngram": 3,
+        "drafter_tokens": None,
+    }
     assert plugin._check_engine(engine(extra={}), "0.40.0") is None  # not asked for: any version
     with pytest.raises(RuntimeError, match="written for vLLM 0.32.x, found 0.33.1. Fix"):
         plugin._check_engine(engine(), "0.33.1")
@@ -67,6 +78,9 @@ def test_engines_it_cannot_serve_are_refused_at_start():
         plugin._check_engine(engine(spec=False), "0.32.0")
     with pytest.raises(RuntimeError, match="Fix: --no-async-scheduling"):
         plugin._check_engine(engine(async_=True), "0.32.0")
+    too_long = {"headstart_lookup": {"drafter_tokens": 5}}
+    with pytest.raises(RuntimeError, match="drafter_tokens=5 exceeds num_speculative_tokens=4"):
+        plugin._check_engine(engine(extra=too_long), "0.32.0")
 
 
 def test_a_steps_drafts_are_rewritten_per_request():
@@ -76,9 +90,9 @@ def test_a_steps_drafts_are_rewritten_per_request():
     batch = SimpleNamespace(
         token_ids_cpu=tokens, num_tokens_no_spec=[6, 5, 0], req_id_to_index={"a": 0, "b": 1}
     )
-    runner = SimpleNamespace(_headstart_lookup={"min_match": 2, "max_ngram": 3}, input_batch=batch,
-                             _headstart_counts=[0, 0])  # fmt: skip
+    rule = {"min_match": 2, "max_ngram": 3, "drafter_tokens": 1}
+    runner = SimpleNamespace(_headstart_lookup=rule, input_batch=batch, _headstart_counts=[0, 0])
     drafts = SimpleNamespace(req_ids=["b", "a", "gone"], draft_token_ids=[[7, 7], [9, 9], [1, 1]])
     plugin._apply(runner, drafts)
-    assert drafts.draft_token_ids == [[7, 7], [6, 7], [1, 1]]  # "gone" left the batch: untouched
+    assert drafts.draft_token_ids == [[7], [6, 7], [1, 1]]  # "gone" left the batch: untouched
     assert runner._headstart_counts == [1, 1]

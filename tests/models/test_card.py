@@ -197,12 +197,28 @@ def test_a_vllm_card_shows_the_plugin_command_for_its_own_chain():
     for another K, or one that found the drafter alone best (min_match None), adds nothing."""
     from headstart.models.export.card import vllm_snippet
 
-    spec = '{"model": "x", "method": "medusa", "num_speculative_tokens": 2}'
-    meta = {"decoding": {"lookup_rule": {"min_match": 2, "k": 2}}}
-    text = "\n".join(vllm_snippet("org/base", spec, meta, 2))
+    spec = {"model": "x", "method": "medusa", "num_speculative_tokens": 2}
+    meta = {"decoding": {"lookup_rule": {"min_match": 2, "k": 2}}}  # a rule written before L was tuned: L = k
+    text = "\n".join(vllm_snippet("org/base", spec, meta))
     assert '--additional-config \'{"headstart_lookup": {"min_match": 2}}\' --no-async-scheduling' in text
-    assert f"vllm serve org/base --speculative-config '{spec}'" in text
+    assert f"vllm serve org/base --speculative-config '{json.dumps(spec)}'" in text
     plain = "\n".join(vllm_snippet("org/base", spec))
-    assert plain == "\n".join(vllm_snippet("org/base", spec, meta, 3)) and "headstart_lookup" not in plain
+    other_k = spec | {"num_speculative_tokens": 3}
+    assert "headstart_lookup" not in plain and "headstart_lookup" not in "\n".join(
+        vllm_snippet("b", other_k, meta)
+    )
     none_best = {"decoding": {"lookup_rule": {"min_match": None, "k": 2}}}
-    assert "headstart_lookup" not in "\n".join(vllm_snippet("org/base", spec, none_best, 2))
+    assert "headstart_lookup" not in "\n".join(vllm_snippet("org/base", spec, none_best))
+
+
+def test_a_longer_lookup_chain_is_served_with_the_drafter_cut_to_its_own():
+    """L = 4 behind the drafter's 2: vLLM drafts 4 (the hybrid's num_speculative_tokens) and the plugin keeps the
+    drafter's first 2; the card's plain command stays at the drafter's 2."""
+    from headstart.models.export.card import vllm_snippet
+
+    spec = {"model": "x", "method": "medusa", "num_speculative_tokens": 2}
+    meta = {"decoding": {"lookup_rule": {"min_match": 1, "k": 2, "lookup_tokens": 4}}}
+    text = "\n".join(vllm_snippet("org/base", spec, meta))
+    assert f"--speculative-config '{json.dumps(spec | {'num_speculative_tokens': 4})}'" in text
+    assert '{"headstart_lookup": {"min_match": 1, "drafter_tokens": 2}}' in text
+    assert f"`vllm serve org/base --speculative-config '{json.dumps(spec)}'`" in text

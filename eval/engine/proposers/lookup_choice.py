@@ -5,8 +5,9 @@ Suffix decoding beside a trained speculator (Snowflake's Arctic Inference) and S
 context's own continuation when its match is long enough, else the trained drafter. Here: each step the drafter
 proposes its chain (it always runs, as in the server, so its state follows the context), and prompt lookup finds
 the longest suffix n-gram (n <= max_ngram) seen earlier in the context (proposers/prompt_lookup.py). When
-n >= min_match and `num_tokens` tokens followed it, those are verified instead of the drafter's chain (a server
-drafts the same number of tokens for every request of a step: a shorter lookup chain keeps the drafter's).
+n >= min_match, the (up to) `num_tokens` tokens that followed it are verified instead of the drafter's chain
+(vLLM, like its `ngram`, takes fewer drafts than num_speculative_tokens for a request; `num_tokens` may exceed the
+drafter's chain: a longer chain behind the same match only adds tokens).
 
 Lossless as any chain: both candidates are deterministic functions of the context (`Draft.probs` None) and the
 target verifies whichever is chosen. `accepted()` passes the path to the drafter unchanged: it indexes positions
@@ -23,9 +24,9 @@ from headstart.eval.engine.tree import chain_tree
 
 
 class LookupChoice:
-    """`inner` (a proposer of deterministic drafts, typically a chain of K) or `num_tokens` lookup tokens when
-    the context's suffix n-gram match is at least `min_match` long and continues that far. `counts`: steps, steps that verified
-    the lookup chain."""
+    """`inner` (a proposer of deterministic drafts, typically a chain of K) or up to `num_tokens` lookup tokens
+    when the context's suffix n-gram match is at least `min_match` long. `counts`: steps, steps that verified the
+    lookup chain."""
 
     def __init__(
         self,
@@ -59,7 +60,7 @@ class LookupChoice:
         draft = self.inner.propose(context, sampling)
         self.counts["steps"] += 1
         n, chain = find_match(torch.tensor(context), self.max_ngram, self.k)
-        if n < self.m or len(chain) < self.k:
+        if n < self.m or not chain:
             return draft
         if draft is not None and draft.probs is not None:
             raise ValueError("a lookup choice needs point-mass drafts (Draft.probs None), not sampled ones")
