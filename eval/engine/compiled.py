@@ -3,9 +3,10 @@
 On a CPU without native bf16 (AVX2 only), MKL's small-M GEMMs reach a fraction of the peak, so a verify of 8 tokens
 costs about twice a plain step. Inductor's max-autotune benchmarks its own vectorized micro-GEMMs over weights
 prepacked at compile time (`freezing`: the frozen backbone's weights become constants) against MKL and keeps the
-faster per projection. Every step runs at a fixed shape over the whole preallocated cache (static write slots and
-a (1, 1, width, max_cache_len) mask: `KVCache`'s static mode), so each (width, last_only) is one graph that no
-later step recompiles; the cache length moves only through tensors.
+faster per projection. Every step runs at a fixed shape over a cache-length bucket (static write slots and a
+(1, 1, width, bucket) mask over the cache's first `bucket` slots: `KVCache`'s static mode, buckets in runner.py),
+so each (width, last_only, bucket) is one graph that no later step recompiles; within a bucket the cache length
+moves only through tensors.
 
 Modes (`compile=` on the Decoder / eval config):
 - eager: the HF forward as is (the default; compiling costs minutes per width the first time);

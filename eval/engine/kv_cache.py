@@ -13,7 +13,8 @@ Two write modes:
 - eager (`slots is None`): writes by slicing and returns the views [0, length + q), so attention only reads
   the live prefix; `get_mask_sizes` matches, so HF can still build its own causal mask for plain decoding.
 - static (`slots` set to a device tensor of q slot indices): `index_copy_` into those slots and return the
-  whole buffers, for fixed shapes inside a captured CUDA graph; the caller's 4-D mask hides unused slots.
+  buffers' first `view` slots (the whole buffer, or a cache-length bucket the runner sets), for fixed shapes
+  inside a captured CUDA graph or a compiled step; the caller's 4-D mask hides unused slots.
 """
 
 from __future__ import annotations
@@ -47,10 +48,11 @@ class PreallocLayer(CacheLayerMixin):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         slots = self.owner.slots
-        if slots is not None:  # static shapes: scatter into fixed slots, attend over the whole buffer
+        if slots is not None:  # static shapes: scatter into fixed slots, attend over the first `view` slots
             self.keys.index_copy_(2, slots, key_states)
             self.values.index_copy_(2, slots, value_states)
-            return self.keys, self.values
+            view = self.owner.view
+            return self.keys[:, :, :view], self.values[:, :, :view]
         start = self.owner.length
         end = start + key_states.shape[-2]
         if end > self.keys.shape[-2]:
@@ -89,6 +91,7 @@ class KVCache(Cache):
         self.length = 0  # committed positions; a forward writes after them without moving it
         self.slots: torch.Tensor | None = None  # static-mode write slots (q,), see module docstring
         self.max_cache_len = max_cache_len
+        self.view = max_cache_len  # static mode: the slots attended over (a cache-length bucket, runner.py)
         super().__init__(layers=[PreallocLayer(self, self.kv[i, 0], self.kv[i, 1]) for i in range(n_layers)])
 
     @property

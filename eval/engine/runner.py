@@ -3,7 +3,7 @@
 
 Each step returns the final normed hidden states (what Medusa/EAGLE heads read) and the logits, computed with
 `backbone.model.model` + `backbone.lm_head`. On CUDA with `cuda_graphs=True`, each step width is captured once
-in a CUDA graph over static buffers (ids, positions, write slots, a (1, 1, q, max_cache_len) mask) and
+in a CUDA graph over static buffers (ids, positions, write slots, a (1, 1, q, bucket) mask) and
 replayed; a capture that fails (e.g. a model whose forward syncs with the host) falls back to eager, with a
 warning. Setting `runner.cuda_graphs = True` on a CPU runner runs the same fixed-shape path without capture
 (tests use it to check that path against the eager one).
@@ -11,6 +11,11 @@ warning. Setting `runner.cuda_graphs = True` on a CPU runner runs the same fixed
 With `compile` set (eval/engine/compiled.py: "max-autotune", or "auto" where inductor runs), each step width of
 `compile_widths` (None: every width) runs the same fixed-shape path through `torch.compile` instead (on CUDA it
 replaces the runner's own graph capture: inductor captures its own); other widths and the prefill stay eager.
+
+A fixed-shape step attends over a cache-length bucket, not the whole buffer: the first `bucket` slots, the smallest
+of 256, 512, 1024, ... (and max_cache_len itself) that holds the prefix and the step. A step over 300 cached
+tokens then reads 512 slots, not 2,048 (on a CPU, attention over the whole buffer made a compiled step as slow as
+an eager one). Each (width, bucket) is its own graph, captured or compiled when a step first needs it.
 """
 
 from __future__ import annotations
@@ -23,6 +28,17 @@ from headstart.eval.engine import compiled
 from headstart.eval.engine.kv_cache import CacheFullError, KVCache
 from headstart.eval.engine.masks import WindowMasks
 from headstart.eval.engine.tree import Tree, chain_tree
+
+SMALLEST_BUCKET = 256
+
+
+def bucket(needed: int, max_cache_len: int) -> int:
+    """The cache slots a fixed-shape step attends over: the smallest power of two >= SMALLEST_BUCKET that holds
+    `needed` positions, or the whole buffer."""
+    size = SMALLEST_BUCKET
+    while size < needed:
+        size *= 2
+    return min(size, max_cache_len)
 
 
 class ModelRunner:
@@ -44,7 +60,7 @@ class ModelRunner:
         # None: every width; others run eagerly (never a multi-minute compile in the middle of a run)
         self.compile_widths = compile_widths
         self._masks: dict[int, tuple[torch.Tensor, int]] = {}  # eager: width -> (mask buffer, tree column)
-        self._graphs: dict[tuple[int, bool], GraphedStep | None] = {}
+        self._graphs: dict[tuple[int, bool, int], GraphedStep | None] = {}  # (width, last_only, bucket)
 
     @property
     def fixed_shapes(self) -> bool:
@@ -96,7 +112,7 @@ class ModelRunner:
         self.check_room(q)
         start = self.cache.length
         if self.cuda_graphs or self.compiles(q):
-            graph = self._graph(q, last_only)
+            graph = self._graph(q, last_only, bucket(start + q, self.cache.max_cache_len))
             if graph is not None:
                 depth, bias = (tree or chain_tree(q - 1)).device_tensors(self.device, self.dtype)
                 return graph.run(ids, depth, bias, start)
@@ -119,24 +135,28 @@ class ModelRunner:
         self._masks[q] = (buf, start)
         return buf[:, :, :, : start + q]
 
-    def _graph(self, width: int, last_only: bool) -> GraphedStep | None:
-        key = (width, last_only)
+    def _graph(self, width: int, last_only: bool, slots: int) -> GraphedStep | None:
+        key = (width, last_only, slots)
         if key not in self._graphs:
             what = "compilation" if self.compiles(width) else "CUDA graph capture"
             try:
-                self._graphs[key] = GraphedStep(self, width, last_only, self.compiles(width))
+                self._graphs[key] = GraphedStep(self, width, last_only, self.compiles(width), slots)
             except Exception as e:  # noqa: BLE001 - any capture failure means: run this width eagerly
-                warnings.warn(f"{what} failed for width {width} ({e}); running it eagerly", stacklevel=2)
+                warnings.warn(
+                    f"{what} failed for width {width} over {slots} cache slots ({e}); running it eagerly",
+                    stacklevel=2,
+                )
                 self._graphs[key] = None
         return self._graphs[key]
 
 
 class GraphedStep:
-    """One fixed-shape forward of `width` query tokens over the whole cache buffer, from static input buffers;
-    captured in a CUDA graph and replayed on CUDA, run eagerly elsewhere (so CPU tests cover the same path).
-    `compile`: run it through the compiled forward instead (compiled.py), compiled here on a free slot range."""
+    """One fixed-shape forward of `width` query tokens over the first `slots` cache slots (a `bucket`), from
+    static input buffers; captured in a CUDA graph and replayed on CUDA, run eagerly elsewhere (so CPU tests
+    cover the same path). `compile`: run it through the compiled forward instead (compiled.py), compiled here on
+    a free slot range."""
 
-    def __init__(self, runner: ModelRunner, width: int, last_only: bool, compile: bool = False) -> None:
+    def __init__(self, runner: ModelRunner, width: int, last_only: bool, compile: bool, slots: int) -> None:
         dev, cache = runner.device, runner.cache
         start = cache.length  # warm-up and capture write into the free slots [start, start + width)
         self.runner, self.last_only = runner, last_only
@@ -144,7 +164,8 @@ class GraphedStep:
         self.ids = torch.zeros((1, width), dtype=torch.long, device=dev)
         self.pos = (self.arange + start)[None].clone()
         self.slots = self.arange + start
-        self.mask = torch.zeros((1, 1, width, cache.max_cache_len), dtype=runner.dtype, device=dev)
+        self.view = slots
+        self.mask = torch.zeros((1, 1, width, slots), dtype=runner.dtype, device=dev)
         self.neg = torch.finfo(runner.dtype).min
         self.graph = None
         self.forward = runner._forward
@@ -164,7 +185,7 @@ class GraphedStep:
             return
         if dev.type != "cuda":
             return
-        cache.slots = self.slots
+        cache.slots, cache.view = self.slots, self.view
         try:
             stream = torch.cuda.Stream(dev)
             stream.wait_stream(torch.cuda.current_stream(dev))
@@ -177,7 +198,7 @@ class GraphedStep:
                 self.hidden, self.logits = runner._forward(self.ids, self.pos, self.mask, last_only)
             self.graph = graph
         finally:
-            cache.slots = None
+            cache.slots, cache.view = None, cache.max_cache_len
 
     def run(self, ids: torch.Tensor, depth: torch.Tensor, bias: torch.Tensor, start: int):
         width = self.ids.shape[1]
@@ -191,8 +212,9 @@ class GraphedStep:
         if self.graph is not None:
             self.graph.replay()
             return self.hidden, self.logits  # static buffers: valid until the next replay of this width
-        self.runner.cache.slots = self.slots
+        cache = self.runner.cache
+        cache.slots, cache.view = self.slots, self.view
         try:
             return self.forward(self.ids, self.pos, self.mask, self.last_only)
         finally:
-            self.runner.cache.slots = None
+            cache.slots, cache.view = None, cache.max_cache_len

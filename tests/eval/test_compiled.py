@@ -80,8 +80,8 @@ def test_compiled_greedy_equals_eager_vanilla():
         assert plain.generate(prompt, 24, eos_token_ids=[]).tokens == ref
         out = lookup.generate(prompt, 24, eos_token_ids=[])
         assert out.tokens == ref
-    assert set(plain.runner._graphs) == {(1, True)}
-    assert set(lookup.runner._graphs) == {(1, True), (5, False)}  # misses: width 1, else padded to 5
+    assert set(plain.runner._graphs) == {(1, True, 128)}  # (width, last_only, cache slots attended)
+    assert set(lookup.runner._graphs) == {(1, True, 128), (5, False, 128)}  # misses: width 1, else padded
     for step in [*plain.runner._graphs.values(), *lookup.runner._graphs.values()]:
         assert step is not None and step.forward != step.runner._forward  # compiled, not an eager fallback
     assert max(out.stats.accepted_per_step) > 1  # the verify width really accepted drafts
@@ -94,6 +94,21 @@ def test_compiled_greedy_equals_eager_vanilla():
         == eager.generate(prompt, 8, eos_token_ids=[]).tokens
     )
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == before
+
+
+@pytest.mark.slow
+def test_compiled_steps_cross_cache_buckets():
+    """A compiled decode that starts below 256 cached positions and ends above compiles one graph per cache
+    bucket (256 and 512 slots attended, eval/engine/runner.py) and equals eager vanilla token for token."""
+    backbone = tiny_backbone(initializer_range=0.1)
+    prompt = [(7 * i) % 250 + 3 for i in range(248)]
+    ref = Decoder(backbone, max_cache_len=1024).generate(prompt, 16, eos_token_ids=[]).tokens
+    plain = Decoder(backbone, compile="max-autotune", max_cache_len=1024)
+    assert plain.generate(prompt, 16, eos_token_ids=[]).tokens == ref
+    assert set(plain.runner._graphs) == {(1, True, 256), (1, True, 512)}
+    assert all(
+        step is not None and step.forward != step.runner._forward for step in plain.runner._graphs.values()
+    )
 
 
 @pytest.mark.parametrize("family", ["mistral", "gemma2"])
@@ -197,7 +212,7 @@ def test_step_costs_time_each_side_on_its_own_path(monkeypatch, made_runners):
     assert set(costs) == {"vanilla", "eager"} and all(c > 0 for c in costs.values())
     assert sorted((r.compiled, r.cache.max_cache_len) for r in made_runners) == [(False, 17), (True, 64)]
     compiled_graphs = [set(r._graphs) for r in made_runners if r.compiled]
-    assert compiled_graphs == [{(1, True)}]  # the compiled side ran its graph
+    assert compiled_graphs == [{(1, True, 64)}]  # the compiled side ran its graph (over all 64 slots)
 
 
 def test_bench_decode_verify_costs_honours_an_explicit_eager(monkeypatch, capsys):

@@ -141,11 +141,29 @@ def test_fixed_shape_path_equals_vanilla(models):
         ref = vanilla.generate(prompt, 24, eos_token_ids=[])
         for name, dec in decs.items():
             assert dec.generate(prompt, 24, eos_token_ids=[]).tokens == ref.tokens, name
-    assert {w for w, _ in decs["prompt_lookup"].runner._graphs} == {
+    assert {w for w, _, _ in decs["prompt_lookup"].runner._graphs} == {
         1,
         6,
     }  # misses: width 1, else padded to K+1
-    assert {w for w, _ in decs["draft-other"].proposer.runner._graphs} == {1, 2}
+    assert {w for w, _, _ in decs["draft-other"].proposer.runner._graphs} == {1, 2}
+
+
+def test_fixed_shape_steps_cross_cache_buckets_losslessly(models):
+    """Fixed-shape steps attend over the smallest cache bucket holding the prefix (eval/engine/runner.py): a
+    decode that starts below 256 cached positions and ends above reads 256 slots, then 512, and equals the
+    eager decode token for token."""
+    from headstart.eval.engine.runner import bucket
+
+    assert [bucket(n, 2048) for n in (1, 256, 257, 1000, 3000)] == [256, 256, 512, 1024, 2048]
+    assert bucket(100, 128) == 128  # never past the buffer
+    backbone = models[0.1]
+    prompt = [(7 * i) % 250 + 3 for i in range(240)]
+    ref = Decoder(backbone, max_cache_len=1024).generate(prompt, 40, eos_token_ids=[]).tokens
+    for options in (None, PromptLookupOptions(num_draft_tokens=3)):
+        dec = Decoder(backbone, options, max_cache_len=1024)
+        dec.runner.cuda_graphs = True
+        assert dec.generate(prompt, 40, eos_token_ids=[]).tokens == ref
+        assert {slots for _, _, slots in dec.runner._graphs} == {256, 512}
 
 
 class OracleProposer:
