@@ -14,6 +14,7 @@ which `./launch.sh serve-check` runs on first use). The library code is eval/ser
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
@@ -73,6 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dtype", default="auto", help="vLLM's and ours: auto (native bf16 where the device has "
                    "it, else float32 / float16 on CUDA) | float32 | bfloat16 | float16")  # fmt: skip
     args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # the rule's tuning shows its progress
     torch.set_num_threads(args.threads)
     drafter = (
         args.checkpoint / "drafter"

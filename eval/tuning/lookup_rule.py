@@ -16,12 +16,14 @@ eval/serve_check.py).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass
 
 from headstart.eval.engine.decoder import build_decoder
 from headstart.eval.engine.proposers.prompt_lookup import DRAFT_TOKENS, MAX_NGRAM
 
 TAU_SLACK = 0.01  # relative: a rule this close to the best tau counts as tied
+log = logging.getLogger("headstart.eval")
 
 
 @dataclass
@@ -64,7 +66,8 @@ def tune_lookup_rule(
     """Greedy tau of the drafter's chain of k (decoder options `chain`) alone and with a lookup chain of each L
     in `lengths` (default: k) chosen at each m -> the rule `pick_rule` keeps."""
     taus = {}
-    for rule in (None, *((L, m) for L in lengths or [k] for m in range(1, MAX_NGRAM + 1))):
+    rules = [None, *((L, m) for L in lengths or [k] for m in range(1, MAX_NGRAM + 1))]
+    for i, rule in enumerate(rules, 1):
         extra = {} if rule is None else {"lookup_tokens": rule[0], "lookup_min_match": rule[1]}
         decoder = build_decoder(proposer, backbone, loaded, **chain, **extra)
         accepted = forwards = 0
@@ -72,6 +75,15 @@ def tune_lookup_rule(
             stats = decoder.generate(list(ids), max_new, temperature=0.0).stats
             accepted, forwards = accepted + sum(stats.accepted_per_step), forwards + stats.target_forwards
         taus[rule] = accepted / forwards if forwards else 1.0
+        name = "the drafter alone" if rule is None else f"lookup chain L={rule[0]} at min_match={rule[1]}"
+        log.info(
+            "lookup rule %d/%d, %s: greedy tau %.3f on %d prompts",
+            i,
+            len(rules),
+            name,
+            taus[rule],
+            len(prompts),
+        )
     best = pick_rule(taus)
     names = {("none" if r is None else f"L={r[0]},m={r[1]}"): tau for r, tau in taus.items()}
     return LookupRule(
