@@ -191,8 +191,8 @@ case $verb in
     train_launch train/medusa.py experiment=medusa_smollm2_selfdistill_cpu run_dir="$run_dir" "${args[@]}"
     # greedy, beside prompt lookup and Lookahead decoding in the same timing rounds (eval/compare.md); then
     # temperature 1 beside prompt lookup (eval_t1/, one prompt per category, one interleaved pass). The
-    # heads' tree carries a 4-token prompt-lookup branch (lookup_tokens): headstart's decoder only; vLLM
-    # serves the heads alone (./launch.sh serve-check measures them there)
+    # heads' tree carries a 4-token prompt-lookup branch (lookup_tokens): headstart's decoder only; in vLLM
+    # the heads run alone or beside a lookup chain with headstart's plugin (./launch.sh serve-check --hybrid 0)
     "$PY" eval/run.py checkpoint="$run_dir/drafter" out_dir="$run_dir/eval" limit_per_category=2 \
       "prompts=[dev,spec_bench]" max_new_tokens=128 lookup_tokens=4 "baselines=[prompt_lookup,lookahead]"
     "$PY" eval/run.py checkpoint="$run_dir/drafter" out_dir="$run_dir/eval_t1" limit_per_category=1 \
