@@ -100,7 +100,10 @@ def eval_results(report: dict | None, serve_check: dict | None, served: str) -> 
                                metric_value=round(r["vllm"]["tokens_per_s"] / base, 4)))  # fmt: skip
         hybrid = check.get("hybrid") or {}
         if hybrid.get("loaded"):
-            plugin = f"in vLLM with headstart's lookup plugin (min_match {hybrid['min_match']})"
+            L = hybrid.get("lookup_tokens", hybrid.get("k"))
+            plugin = (
+                f"in vLLM with headstart's lookup plugin (min_match {hybrid['min_match']}, lookup chain {L})"
+            )
             vllm.append(EvalResult(**common, metric_type="tau", metric_name=f"tau {plugin}",
                                    metric_value=round(float(hybrid["vllm"]["tau"]), 4)))  # fmt: skip
             vllm.append(EvalResult(**common, metric_type="speedup", metric_name=f"speedup {plugin}",

