@@ -18,6 +18,7 @@ when it starts, and the report says how many.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -27,6 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from headstart.hardware import machine_facts
+
+log = logging.getLogger("headstart.eval")
 
 
 class TimingError(ValueError):
@@ -284,6 +287,14 @@ class Interleaved:
             rnd = self.n_rounds()
             if self.converged() or rnd >= self.cfg.max_rounds or now() > deadline:
                 break
+            left = deadline - now()
+            log.info(
+                "timing round %d of up to %d: %d units, %.0f s of budget left",
+                rnd + 1,
+                self.cfg.max_rounds,
+                units,
+                left,
+            )
             for unit in range(units):
                 if now() > deadline:
                     break
