@@ -314,7 +314,9 @@ def measure(method, backbone, loaded: LoadedDrafter, prompts: list[list[int]], c
     """Costs without the drafter's, and acceptance by depth and rank from the probe (see `Measured`)."""
     cache = max(len(p) for p in prompts) + cfg.probe_tokens + 512
     run = _probe(method, backbone, loaded, prompts, cfg, hooks, use, cache)
-    context = run.sequences[0]
+    # steps priced at a typical cache length, the probe's median sequence (a compiled step's cost grows with the
+    # cache bucket it attends over, so the first or longest sequence misprices every other step)
+    context = sorted(run.sequences, key=len)[len(run.sequences) // 2]
     branch = lookup_steps(run.groups[1:], run.sequences) if use.lookup_tokens else []  # [0]: the warm-up
     hits, trials = [], []
     for step in (s for g in run.groups for s in g):

@@ -171,6 +171,37 @@ def test_eval_stage_times_vanilla_compiled_and_eager(tmp_path, monkeypatch):
     assert report["greedy_matches_vanilla"] == 1.0
 
 
+def test_a_compiled_eval_times_round_0_again(tmp_path, monkeypatch):
+    """The first pass compiles each (width, cache bucket) inside the decode that first reaches it: a compiled
+    eval drops its times and decodes every turn again on every side (round 0 over built graphs); an eager eval
+    times its first pass."""
+    import json
+
+    from headstart.eval.scoring import measure
+    from headstart.eval.stage.evaluate import run
+    from headstart.eval.timing.harness import TimingConfig
+    from headstart.eval.tuning.tuner import TunerConfig
+    from tests.eval.test_eval_stage import _cfg, save_ckpt
+
+    monkeypatch.setattr(compiled, "compiled_step", lambda device: compiled._step)
+    decodes = []
+    real = measure.decode_turn
+    monkeypatch.setattr(
+        measure, "decode_turn", lambda dec, *a, **k: decodes.append(dec) or real(dec, *a, **k)
+    )
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"question_id": 0, "category": "a", "turns": ["Say hi."]}) + "\n")
+    ckpt = save_ckpt(tmp_path / "drafter")
+    for mode, first_pass in (("eager", "timed"), ("max-autotune", "dropped: it compiled the graphs")):
+        decodes.clear()
+        cfg = _cfg(ckpt, prompts, tmp_path / mode, warmup=0, compile=mode, timing=TimingConfig(budget_s=0),
+                   tuner=TunerConfig(mode="off"))  # fmt: skip
+        report = run(cfg)
+        assert report["timing"]["first_pass"] == first_pass
+        sides = len(report["timing"]["sides"])  # compiled: vanilla, the drafter, an eager vanilla
+        assert len(decodes) >= (2 if mode != "eager" else 1) * sides and report["timing"]["pairs"] >= 1
+
+
 def test_roofline_hand_worked():
     """Tiny Llama (hidden 64, MLP 128, 2 layers, 4 heads / 2 KV heads of 16, tied 259-token vocab): per layer
     q 64x64 + k, v 64x32 + o 64x64 + gate, up, down 64x128 = 36,864 weights; 2 layers + the tied table 259x64 =
