@@ -247,6 +247,14 @@ def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new) -> dict 
     return served_rule({"lookup_rule": rule}, k)
 
 
+def hybrid_rule(hybrid, drafter_dir, backbone, loaded, k: int, questions, max_new: int) -> dict | None:
+    """The rule the hybrid runs: none (`hybrid` None), decoding.json's or tuned (0, `recorded_rule`), or
+    min_match = `hybrid` given by hand with the lookup chain as long as the drafter's."""
+    if hybrid == 0:
+        return recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new)
+    return None if hybrid is None else {"min_match": hybrid, "k": k, "lookup_tokens": k}
+
+
 def hybrid_spec(method: str, lay, rule: dict) -> dict:
     """Layout `lay` served with headstart's vLLM plugin running `rule` (synchronous scheduling: the plugin
     rewrites the drafts where they leave for the scheduler)."""
@@ -334,11 +342,7 @@ def serve_check(
         specs["vllm:ngram"] = {"speculative_config": dict(sb.NGRAM_SPEC)}
     if suffix:
         specs["vllm:suffix"] = {"speculative_config": dict(sb.SUFFIX_SPEC)}
-    rule = None
-    if hybrid == 0:
-        rule = recorded_rule(drafter_dir, backbone, loaded, k, tune_questions or [], max_new)
-    elif hybrid is not None:  # given by hand: the lookup chain as long as the drafter's
-        rule = {"min_match": hybrid, "k": k, "lookup_tokens": k}
+    rule = hybrid_rule(hybrid, drafter_dir, backbone, loaded, k, tune_questions or [], max_new)
     if rule is not None:
         add_hybrid(specs, ours, layouts, backbone, loaded, rule)
     max_len = max(len(p) for p in prompts) + max_new + 16
