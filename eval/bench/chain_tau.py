@@ -35,11 +35,11 @@ def greedy_tau(decoder, prompts: list[list[int]], tokens: int) -> tuple[float, l
         stats = decoder.generate(list(ids), tokens, temperature=0.0).stats
         accepted, forwards = accepted + sum(stats.accepted_per_step), forwards + stats.target_forwards
         for a in stats.accepted_per_step:  # a - 1 drafts accepted this step (the bonus token counts 1)
-            hits += [0] * max(0, a - len(hits))
+            hits += [0] * max(0, a - 1 - len(hits))
             for i in range(a - 1):
                 hits[i] += 1
     steps = max(forwards, 1)
-    return accepted / steps, [h / steps for h in hits[:4]]
+    return accepted / steps, [h / steps for h in hits]
 
 
 def held_out_top1(run: Path) -> list[float]:
