@@ -25,6 +25,7 @@ from headstart.models.drafter import Drafter
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
 WEIGHTS_DIGEST = "weights_sha256"  # config.json: the digest of model.safetensors as written
 DRAFTER_DIR = "drafter"  # a run folder's final drafter, and the drafter inside every step checkpoint
+FINAL_EVAL = "final_eval.json"  # a finished run's last held-out evaluation (a copy of its drafter's "eval")
 
 
 log = logging.getLogger("headstart.models")
@@ -262,3 +263,34 @@ def find_checkpoints(path: str | Path) -> dict[Path, dict]:
             f"Fix: point at runs/<run>/{DRAFTER_DIR}, a checkpoints/step_*/{DRAFTER_DIR} folder, or the run folder"
         )
     return found
+
+
+def write_final_eval(run_dir: Path, final_eval: dict) -> Path:
+    """<run_dir>/final_eval.json, written atomically (a killed run leaves the old file or the new one)."""
+    final = Path(run_dir) / FINAL_EVAL
+    tmp = final.with_name(f"{FINAL_EVAL}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(final_eval, indent=2))
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return final
+
+
+def read_final_eval(run_dir: Path) -> dict:
+    """A finished run's last held-out evaluation: final_eval.json, or (when it is missing or damaged, with a
+    warning naming it) the same figures from its drafter's config.json; {} when the run has neither."""
+    path = Path(run_dir) / FINAL_EVAL
+    try:
+        data = json.loads(path.read_text())
+        if isinstance(data, dict):
+            return data
+        why = "not a JSON object"
+    except FileNotFoundError:
+        why = None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        why = f"unreadable ({e})"
+    drafter = Path(run_dir) / DRAFTER_DIR
+    if why:
+        log.warning("%s is %s: using the same figures from %s", path, why, drafter / CONFIG_NAME)
+    return read_meta(drafter).get("eval", {}) if checkpoint_meta(drafter) else {}

@@ -20,7 +20,7 @@ from pathlib import Path
 from accelerate import Accelerator
 
 from headstart.digests import file_digest, mismatch
-from headstart.models.checkpoint import CONFIG_NAME, DRAFTER_DIR, CheckpointError
+from headstart.models.checkpoint import CONFIG_NAME, DRAFTER_DIR, FINAL_EVAL, CheckpointError
 
 STATE_NAME = "trainer_state.json"
 log = logging.getLogger("headstart.train")
@@ -138,7 +138,7 @@ def prune_checkpoints(run_dir: Path, keep: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-PREVIOUS_RUN = ("checkpoints", DRAFTER_DIR, "final_eval.json", "config.json", "eval", "export")
+PREVIOUS_RUN = ("checkpoints", DRAFTER_DIR, FINAL_EVAL, CONFIG_NAME, "eval", "export")
 
 
 def set_aside_previous_run(run_dir: Path) -> Path | None:

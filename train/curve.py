@@ -21,12 +21,14 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from headstart.models.checkpoint import CONFIG_NAME, DRAFTER_DIR, read_final_eval
+
 
 def read_run(run: Path) -> dict | None:
-    meta_file, final_file = run / "drafter" / "config.json", run / "final_eval.json"
-    if not (meta_file.is_file() and final_file.is_file()):
+    meta_file = run / DRAFTER_DIR / CONFIG_NAME
+    if not meta_file.is_file():
         return None
-    meta, final = json.loads(meta_file.read_text()), json.loads(final_file.read_text())
+    meta, final = json.loads(meta_file.read_text()), read_final_eval(run)
     acc, k = [], 0
     while key := next((f"eval/{u}{k}/top1" for u in ("head", "step") if f"eval/{u}{k}/top1" in final), None):
         acc.append(final[key])
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     rows = sorted(filter(None, map(read_run, args.runs)), key=lambda r: r["conversations"])
     if not rows:
-        p.error("no finished run (drafter/config.json + final_eval.json) among the given folders")
+        p.error("no finished run (a drafter/ folder) among the given folders")
     print("| conversations | steps | held-out top-1 by head | measured tau (held-out) | tau (dev prompts) |")
     print("|---|---|---|---|---|")
     for r in rows:

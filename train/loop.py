@@ -30,7 +30,14 @@ from headstart.hardware import machine_facts, resolve_dtype, resolve_mixed_preci
 from headstart.logs import FILE_ONLY
 from headstart.models import registry
 from headstart.models.backbone import Backbone, load_backbone
-from headstart.models.checkpoint import CONFIG_NAME, DRAFTER_DIR, CheckpointError, build_drafter, save_drafter
+from headstart.models.checkpoint import (
+    CONFIG_NAME,
+    DRAFTER_DIR,
+    CheckpointError,
+    build_drafter,
+    save_drafter,
+    write_final_eval,
+)
 from headstart.tracking import LoggerConfig
 from headstart.train.checkpoints import (
     check_resumable,
@@ -400,7 +407,7 @@ def finish(run: Run, step: int, last_eval: dict) -> Path:
                 final.rename(old)
             tmp.rename(final)
             shutil.rmtree(old, ignore_errors=True)
-        (run_dir / "final_eval.json").write_text(json.dumps(final_eval, indent=2))
+        write_final_eval(run_dir, final_eval)
     acc.wait_for_everyone()
     if run.log_model != "none":
         log_artifact(acc, final, step, ["final", "latest"], final_eval)

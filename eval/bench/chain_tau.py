@@ -24,7 +24,13 @@ from headstart.eval.engine.proposers import chain_options
 from headstart.eval.stage.prompts import chat_ids, load_prompts
 from headstart.models import registry
 from headstart.models.backbone import BackboneConfig, load_backbone
-from headstart.models.checkpoint import LoadedDrafter, load_drafter, read_meta, resolve_checkpoint
+from headstart.models.checkpoint import (
+    LoadedDrafter,
+    load_drafter,
+    read_final_eval,
+    read_meta,
+    resolve_checkpoint,
+)
 
 
 def greedy_tau(decoder, prompts: list[list[int]], tokens: int) -> tuple[float, list[float]]:
@@ -44,10 +50,7 @@ def greedy_tau(decoder, prompts: list[list[int]], tokens: int) -> tuple[float, l
 
 def held_out_top1(run: Path) -> list[float]:
     """Per-head held-out top-1 from the run's final_eval.json (empty when absent)."""
-    path = run / "final_eval.json"
-    if not path.is_file():
-        return []
-    data = json.loads(path.read_text())
+    data = read_final_eval(run)
     return [data[f"eval/head{i}/top1"] for i in range(16) if f"eval/head{i}/top1" in data]
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from headstart.models.export.publish import damage
+
 
 class HubError(ValueError):
     """The Hub cannot take the push (no token, rejected token, no network); the message names the fix."""
@@ -31,9 +33,13 @@ def check_hub_access(repo_id: str) -> None:
 
 
 def push_folder(folder: Path, repo_id: str, private: bool) -> None:
-    """Upload with huggingface_hub."""
+    """Upload with huggingface_hub, after checking the folder against its SHA256SUMS."""
     from huggingface_hub import HfApi
 
+    if why := damage(folder):
+        raise HubError(
+            f"{folder} was not pushed: {why}. Fix: export it again (./launch.sh export ... --push)"
+        )
     api = HfApi()
     try:
         api.create_repo(repo_id, private=private, exist_ok=True)

@@ -8,23 +8,32 @@ export or none, never new weights beside an old config and card.
 
 Because publishing replaces a folder whole, a folder that exists is replaced only when it is empty or an
 earlier export (flat, with a model card and a config); anything else is refused rather than deleted.
+
+Each published folder carries `SHA256SUMS` (coreutils' format: `sha256sum -c SHA256SUMS` inside the folder
+checks it without headstart). headstart checks it where it reads an export back: before pushing it (a damaged
+folder is refused, naming the file) and before replacing an earlier export (a damaged one is named in a
+warning). Engines ignore the extra file.
 """
 
 from __future__ import annotations
 
 import errno
 import itertools
+import logging
 import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
-from headstart.models.checkpoint import CONFIG_NAME, DRAFTER_DIR, checkpoint_meta
+from headstart.digests import file_digest
+from headstart.models.checkpoint import CONFIG_NAME, DRAFTER_DIR, FINAL_EVAL, checkpoint_meta
 
+log = logging.getLogger("headstart.export")
+SUMS = "SHA256SUMS"
 _SERIAL = itertools.count()
 CHECKPOINT_STATE = "trainer_state.json"  # train/checkpoints.py's STATE_NAME (models/ never imports train/)
 # the parts of a run folder that are its own state; `export` (the default --out) is not one of them
-RUN_STATE = ("checkpoints", DRAFTER_DIR, "eval", CONFIG_NAME, "final_eval.json")
+RUN_STATE = ("checkpoints", DRAFTER_DIR, "eval", CONFIG_NAME, FINAL_EVAL)
 
 
 def _is_run_dir(path: Path) -> bool:
@@ -110,6 +119,9 @@ def publish(tmp: Path, out: Path, folders: list[Path]) -> list[Path]:
     published = []
     for folder, dest in zip(folders, dests, strict=True):
         rel = folder.relative_to(tmp)
+        write_sums(folder)
+        if dest.is_dir() and (why := damage(dest)):
+            log.warning("the earlier export %s was damaged (%s); this export replaces it", dest, why)
         dest.parent.mkdir(parents=True, exist_ok=True)
         _replace(folder, dest)
         if rel == Path("."):
@@ -134,3 +146,33 @@ def _replace(new: Path, dest: Path, tries: int = 5) -> None:
         finally:
             shutil.rmtree(old, ignore_errors=True)
     raise OSError(errno.EBUSY, "other exports keep replacing it", str(dest))
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != SUMS)
+
+
+def write_sums(folder: Path) -> Path:
+    """`folder`/SHA256SUMS over every other file in it."""
+    path = folder / SUMS
+    path.write_text("".join(f"{file_digest(folder / f)}  {f}\n" for f in _files(folder)))
+    return path
+
+
+def damage(folder: Path) -> str | None:
+    """What in an exported `folder` differs from its SHA256SUMS (naming the file), or None; None too for a
+    folder exported before the sums were kept."""
+    sums = folder / SUMS
+    if not sums.is_file():
+        return None
+    try:
+        listed = dict(line.split("  ", 1)[::-1] for line in sums.read_text().splitlines())
+    except (UnicodeDecodeError, ValueError):
+        return f"{sums} is unreadable"
+    if any(len(d) != 64 for d in listed.values()) or sorted(listed) != _files(folder):
+        differ = ", ".join(sorted(set(listed) ^ set(_files(folder))))
+        return f"{sums} does not match the folder's files" + (f" ({differ})" if differ else "")
+    for name, recorded in listed.items():
+        if file_digest(folder / name) != recorded:
+            return f"{folder / name} was changed after it was exported (its sha256 differs from {SUMS})"
+    return None

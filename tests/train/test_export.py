@@ -93,7 +93,11 @@ def test_export_cli_writes_cards_and_pushes_without_leaking_token(backbone, tmp_
     out = capsys.readouterr()
     assert secret not in out.out + out.err
     assert ("create", "me/heads-medusa", False) in pushed and ("create", "me/heads-vllm", False) in pushed
-    assert ("upload", "me/heads-vllm", ["README.md", "config.json", "model.safetensors"]) in pushed
+    assert (
+        "upload",
+        "me/heads-vllm",
+        ["README.md", "SHA256SUMS", "config.json", "model.safetensors"],
+    ) in pushed
     card = (tmp_path / "out" / "medusa" / "README.md").read_text()
     assert "`tiny`" in card and "| tau in headstart's decoder | 2.25 |" in card
     assert (

@@ -2,7 +2,8 @@
 the same size, and the code that reads it back is run. The outcome must be one of: fell back with a warning
 naming the file, rebuilt with a warning naming the file, or refused in one line naming the file. Nothing
 proceeds silently. (One training run, then the readers in-process: the resume search, the drafter loader that
-eval and export use, the tokenized-data cache, decoding.json, the eval report an export quotes.)"""
+eval and export use, the tokenized-data cache, decoding.json, the eval report an export quotes, final_eval.json,
+and the exported layouts: the push, and the export that replaces them.)"""
 
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ import pytest
 from test_faults_digests import flip
 
 from headstart.data.build import _load_cached
-from headstart.models.checkpoint import CheckpointError, load_drafter, read_meta
+from headstart.models.checkpoint import FINAL_EVAL, CheckpointError, load_drafter, read_final_eval, read_meta
 from headstart.models.decoding import read_decoding, write_decoding
+from headstart.models.export import export
 from headstart.models.export.card import find_report
+from headstart.models.export.hub import HubError, push_folder
+from headstart.models.export.publish import SUMS, damage
 from headstart.train.checkpoints import find_resume_dir
 from helpers import run_train, train_overrides, write_chat_file
 
@@ -118,3 +122,60 @@ def test_damaged_eval_report_is_refused_at_export_naming_it(run, tmp_path, how):
     with pytest.raises(ValueError, match="report.json is unreadable") as e:
         find_report(drafter)
     assert str(report) in str(e.value) and "Fix:" in str(e.value)
+
+
+@pytest.mark.parametrize("how", list(DAMAGES))
+def test_damaged_final_eval_falls_back_to_the_drafters_figures_naming_it(run, caplog, how):
+    path = run / FINAL_EVAL
+    figures = json.loads(path.read_text())
+    assert figures and read_final_eval(run) == figures
+    good = damaged(path, how)
+    try:
+        with caplog.at_level(logging.WARNING, logger="headstart.models"):
+            assert read_final_eval(run) == figures  # the same figures, from drafter/config.json
+    finally:
+        path.write_bytes(good)
+    assert f"{path} is" in caplog.text and "drafter/config.json" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def exported(run, tmp_path_factory) -> list[Path]:
+    return export(run, tmp_path_factory.mktemp("exports") / "export")
+
+
+@pytest.mark.parametrize("how", list(DAMAGES))
+def test_every_export_file_damaged_is_refused_at_push_naming_it(exported, monkeypatch, how):
+    uploads = []
+
+    class Hub:
+        def create_repo(self, *a, **k):
+            uploads.append(a)
+
+        def upload_folder(self, **k):
+            uploads.append(k)
+
+    monkeypatch.setattr("huggingface_hub.HfApi", Hub)
+    files = [p for folder in exported for p in each_file(folder)]
+    assert {p.name for p in files} >= {SUMS, "config.json", "README.md"}
+    for path in files:
+        good = damaged(path, how)
+        try:
+            with pytest.raises(HubError) as e:
+                push_folder(path.parent, "me/heads", private=False)
+        finally:
+            path.write_bytes(good)
+        assert str(path) in str(e.value) and "Fix:" in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert uploads == []
+    for folder in exported:  # all restored: it pushes
+        push_folder(folder, "me/heads", private=False)
+    assert len(uploads) == 2 * len(exported)
+
+
+@pytest.mark.parametrize("how", list(DAMAGES))
+def test_a_damaged_export_is_named_when_an_export_replaces_it(run, exported, caplog, how):
+    path = exported[0] / "config.json"
+    damaged(path, how)
+    with caplog.at_level(logging.WARNING, logger="headstart.export"):
+        again = export(run, exported[0].parent)
+    assert again == exported and damage(path.parent) is None  # rebuilt whole
+    assert f"the earlier export {path.parent} was damaged ({path} was changed" in caplog.text
