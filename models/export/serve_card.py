@@ -16,7 +16,13 @@ def find_serve_check(drafter_dir: Path) -> dict | None:
         drafter_dir.parent / "serve_check" / "serve_check.json",
     ):
         if cand.is_file():
-            return json.loads(cand.read_text())
+            try:
+                return json.loads(cand.read_text())
+            except (OSError, UnicodeDecodeError, ValueError) as e:
+                raise ValueError(
+                    f"{cand} is unreadable ({type(e).__name__}), so the model cards cannot quote vLLM's figures. "
+                    "Fix: rerun the serve check to rewrite it, or move it away to export without them"
+                ) from e
     return None
 
 

@@ -22,6 +22,7 @@ from headstart.models.export import export
 from headstart.models.export.card import find_report
 from headstart.models.export.hub import HubError, push_folder
 from headstart.models.export.publish import SUMS, damage
+from headstart.models.export.serve_card import find_serve_check
 from headstart.train.checkpoints import find_resume_dir
 from helpers import run_train, train_overrides, write_chat_file
 
@@ -121,6 +122,19 @@ def test_damaged_eval_report_is_refused_at_export_naming_it(run, tmp_path, how):
     damaged(report, how)
     with pytest.raises(ValueError, match="report.json is unreadable") as e:
         find_report(drafter)
+    assert str(report) in str(e.value) and "Fix:" in str(e.value)
+
+
+@pytest.mark.parametrize("how", list(DAMAGES))
+def test_damaged_serve_check_report_is_refused_at_export_naming_it(run, tmp_path, how):
+    drafter = tmp_path / "run" / "drafter"
+    shutil.copytree(run / "drafter", drafter)
+    report = drafter.parent / "serve_check" / "serve_check.json"
+    report.parent.mkdir()
+    report.write_text(json.dumps({"k": 2, "passed": True, "prompts": 4, "vanilla": {"vllm_tokens_per_s": 9.0}}))
+    damaged(report, how)
+    with pytest.raises(ValueError, match="serve_check.json is unreadable") as e:
+        find_serve_check(drafter)
     assert str(report) in str(e.value) and "Fix:" in str(e.value)
 
 
