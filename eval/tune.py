@@ -19,6 +19,7 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
+from headstart.cli_checks import dir_problem
 from headstart.errors import exit_on_user_error
 from headstart.eval.engine.compiled import COMPILE_MODES
 from headstart.eval.engine.compiled import resolve as resolve_compile
@@ -64,6 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with exit_on_user_error():
+        if args.out and (problem := dir_problem(args.out, "--out")):
+            raise ValueError(problem)  # before minutes of measuring, not after
         ckpt = resolve_checkpoint(args.checkpoint)
         meta = read_meta(ckpt)
         bcfg = BackboneConfig(**meta["backbone"])
@@ -82,7 +85,6 @@ def main(argv: list[str] | None = None) -> None:
                 f"{ckpt} holds a {meta['method']} drafter, whose decoder ({method}) the tuner has no model of"
             )
         if args.out:
-            args.out.mkdir(parents=True, exist_ok=True)
             print(f"wrote {write_decoding(args.out, tuned.record)}")
         print(summary(tuned))
 
