@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import shutil
 from dataclasses import dataclass, field, replace
@@ -19,9 +20,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from headstart.digests import file_digest, mismatch
 from headstart.hardware import AUTO, announce, resolve_dtype
 from headstart.models.families import check_backbone, final_softcap, softcap, tiny_config
 from headstart.models.gguf_parts import joined_gguf
+
+log = logging.getLogger("headstart.models")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PKG_PREFIX = (
@@ -105,6 +109,10 @@ def _cache_is_complete(folder: Path, digest: str) -> bool:
         for name, size in meta["files"].items():
             if (folder / name).stat().st_size != size:
                 return False
+        for name, recorded in meta.get("sha256", {}).items():  # same-size damage (caches before these: none)
+            if why := mismatch(folder / name, recorded):
+                log.warning("backbone cache %s: %s; rebuilding it", folder, why)
+                return False
         from safetensors import safe_open
 
         with safe_open(folder / "model.safetensors", "pt") as f:
@@ -153,7 +161,16 @@ def ensure_gguf_cache(gguf_path: str, cfg: BackboneConfig) -> Path:
 
         with safe_open(tmp / "model.safetensors", "pt") as f:
             n = len(list(f.keys()))
-        manifest = {"source": str(src), "source_digest": digest, "files": files, "num_tensors": n}
+        sha = {
+            name: file_digest(tmp / name) for name in files
+        }  # ~2 s for SmolLM2's 0.54 GB, checked per load
+        manifest = {
+            "source": str(src),
+            "source_digest": digest,
+            "files": files,
+            "num_tensors": n,
+            "sha256": sha,
+        }
         (tmp / "headstart_manifest.json").write_text(json.dumps(manifest, indent=1))
         tmp.rename(folder)
     finally:

@@ -1,9 +1,11 @@
 import json
+import logging
 import os
 
 import pytest
 import torch
 
+from headstart.digests import file_digest
 from headstart.models.backbone import (
     BackboneConfig,
     BackboneError,
@@ -60,7 +62,7 @@ def test_corrupt_gguf_is_a_clear_error(tmp_path):
     )
 
 
-def test_partial_cache_is_detected(backbone, tmp_path):
+def test_partial_cache_is_detected(backbone, tmp_path, caplog):
     folder = tmp_path / "c"
     backbone.model.save_pretrained(folder)
     size = (folder / "model.safetensors").stat().st_size
@@ -73,13 +75,24 @@ def test_partial_cache_is_detected(backbone, tmp_path):
     (folder / "headstart_manifest.json").write_text(json.dumps(manifest))
     assert _cache_is_complete(folder, "abc")
     assert not _cache_is_complete(folder, "other"), "the GGUF changed since the cache was built"
+    manifest["sha256"] = {"model.safetensors": file_digest(folder / "model.safetensors")}
+    (folder / "headstart_manifest.json").write_text(json.dumps(manifest))
+    assert _cache_is_complete(folder, "abc")
+    good = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(
+        good[: size // 2] + bytes(b ^ 0xFF for b in good[size // 2 : size // 2 + 8]) + good[size // 2 + 8 :]
+    )
+    with caplog.at_level(logging.WARNING, logger="headstart.models"):
+        assert not _cache_is_complete(folder, "abc"), "same-size damage to the weights"
+    assert f"backbone cache {folder}: model.safetensors was changed after it was written" in caplog.text
+    (folder / "model.safetensors").write_bytes(good)
     with open(folder / "model.safetensors", "r+b") as f:
         f.truncate(size // 2)
     assert not _cache_is_complete(folder, "abc"), "a truncated weights file"
 
 
 @pytest.mark.slow
-def test_real_smollm2_gguf_converts_once_and_rebuilds_when_corrupt(tmp_path):
+def test_real_smollm2_gguf_converts_once_and_rebuilds_when_damaged(tmp_path):
     cfg = BackboneConfig(dtype="float32", cache_dir=str(tmp_path))
     bb = load_backbone(cfg)
     assert (bb.hidden_size, bb.vocab_size, bb.num_layers) == (576, 49152, 30)
@@ -95,6 +108,13 @@ def test_real_smollm2_gguf_converts_once_and_rebuilds_when_corrupt(tmp_path):
     bb2 = load_backbone(cfg)
     assert (folder / "model.safetensors").stat().st_size > 1000
     torch.testing.assert_close(bb2.model(ids).logits, ref)
+    del bb2
+    with open(folder / "model.safetensors", "r+b") as f:  # same size, bytes inverted inside a weight
+        f.seek(f.seek(0, 2) // 2)
+        chunk = f.read(64)
+        f.seek(-64, 1)
+        f.write(bytes(b ^ 0xFF for b in chunk))
+    torch.testing.assert_close(load_backbone(cfg).model(ids).logits, ref)  # rebuilt, not used damaged
 
 
 def test_checkpoint_with_another_tokenizer_is_refused(backbone, tmp_path):
