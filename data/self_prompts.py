@@ -32,6 +32,7 @@ from headstart.data.selfdistill import (
     end_partial_line,
     load_records,
     open_engine,
+    record_line,
     regen_key,
     stop_ids,
 )
@@ -121,7 +122,7 @@ def backbone_rows(
             for i, new in zip(ids, generate([prefix] * len(ids), stop, seeds[0], seeds)):
                 text, finished = decode_reply(tok, new, stop, eot)
                 done[i] = {"i": i, "text": text, "finished": finished}
-                f.write(json.dumps(done[i], ensure_ascii=False) + "\n")
+                f.write(record_line(done[i]))
             f.flush()
             os.fsync(f.fileno())
             before = len(rows)

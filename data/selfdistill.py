@@ -6,7 +6,8 @@ Drafters trained on the target model's own outputs match its distribution rather
 regenerated, later user turns as written); the conversation ends after its last regenerated turn.
 
 Results are appended to a JSON-lines file after every batch and flushed, keyed by a hash of the original
-messages, so an interrupted run resumes where it stopped.
+messages, so an interrupted run resumes where it stopped. Each line carries a digest of its own content: a line
+cut by a killed run or damaged later (same-size included) is regenerated, with a warning naming the file.
 
 Two engines produce the same records from the same rendered prompts, stop ids and sampling settings
 (`regen.engine`): batched HF `generate` here, or vLLM in its own environment (data/regen_vllm.py), ~4x faster
@@ -30,27 +31,44 @@ from tqdm.auto import tqdm
 from headstart.data.chat import end_of_turn_text, render
 from headstart.data.config import RegenConfig
 from headstart.data.sources import Row, Skips
+from headstart.digests import bytes_digest
 from headstart.models.backbone import eos_token_ids, generate_batch
 
 log = logging.getLogger("headstart.data")
+RECORD_DIGEST = "sha256"  # each cached record's digest of its own content
 
 
 def row_key(row: Row) -> str:
     return hashlib.sha256(json.dumps(row.messages, sort_keys=True).encode()).hexdigest()[:24]
 
 
+def _record_digest(rec: dict) -> str:
+    return bytes_digest([json.dumps(rec, ensure_ascii=False, sort_keys=True).encode()])[:16]
+
+
+def record_line(rec: dict) -> str:
+    """`rec` as one JSON line carrying the digest of its content (`load_records` checks it)."""
+    return json.dumps({**rec, RECORD_DIGEST: _record_digest(rec)}, ensure_ascii=False) + "\n"
+
+
 def load_records(path: Path, key: str) -> dict:
-    """Records of a JSON-lines cache by `rec[key]`, from an earlier (possibly interrupted) run; a half-written
-    last line is ignored."""
-    done = {}
-    if path.is_file():
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                    done[rec[key]] = rec
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    continue
+    """Records of a JSON-lines cache by `rec[key]`, from an earlier (possibly interrupted) run. A line that is
+    not whole (cut by a killed run, or damaged: undecodable, or its digest differs) is left out, so its row is
+    generated again, and a warning names the file; lines written before digests were kept are taken as read."""
+    done, bad = {}, 0
+    for raw in path.read_bytes().splitlines() if path.is_file() else []:
+        try:
+            rec = json.loads(raw.decode("utf-8"))
+            recorded = rec.pop(RECORD_DIGEST, None)
+            if recorded is not None and recorded != _record_digest(rec):
+                raise ValueError("digest")
+            done[rec[key]] = rec
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+            bad += raw.strip() != b""
+    if bad:
+        log.warning(
+            "%s: %d records are not whole (cut by a killed run, or damaged); generating them again", path, bad
+        )
     return done
 
 
@@ -233,7 +251,7 @@ def fill(
         for i in range(0, len(todo), chunk):
             batch = todo[i : i + chunk]
             for rec in _regen_batch(backbone, batch, regen, max_length, seed, generate):
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                f.write(record_line(rec))
                 done[rec["key"]] = rec
             f.flush()
             os.fsync(f.fileno())

@@ -1,6 +1,7 @@
 """Self-distillation: turn-by-turn regeneration, left padding, end-of-turn stripping, resumable cache."""
 
 import json
+import logging
 
 import pytest
 import torch
@@ -158,3 +159,31 @@ def test_decode_strips_end_of_turn(backbone):
         True,
     )  # spelled as text
     assert end_of_turn_text(tok) == "<|im_end|>\n"
+
+
+@pytest.mark.parametrize("how", ["flipped", "edited"])
+def test_damaged_cached_record_is_generated_again_naming_the_file(
+    backbone, tmp_path, monkeypatch, caplog, how
+):
+    source = tmp_path / "d.json"
+    write_source(source, n=6)
+    cfg = regen_cfg(source, batch_size=2)
+    monkeypatch.setattr(backbone.model, "generate", ScriptedGenerate(backbone.tokenizer))
+    build_datasets(cfg, backbone.tokenizer, tmp_path, backbone, show_progress=False)
+    (regen_file,) = (tmp_path / "regen").glob("*.jsonl")
+    lines = regen_file.read_bytes().splitlines(keepends=True)
+    line = lines[3]
+    at = line.index(b'"content"') + 12
+    if how == "flipped":  # undecodable bytes
+        line = line[:at] + bytes(b ^ 0xFF for b in line[at : at + 4]) + line[at + 4 :]
+    else:  # still valid JSON of the same size: only the digest tells
+        line = line[:at] + (b"X" if line[at : at + 1] != b"X" else b"Y") + line[at + 1 :]
+    regen_file.write_bytes(b"".join(lines[:3] + [line] + lines[4:]))
+    for cache in (tmp_path / "tokenized").glob("*"):
+        cache.unlink()  # so the regenerated text is read again
+    again = ScriptedGenerate(backbone.tokenizer)
+    monkeypatch.setattr(backbone.model, "generate", again)
+    with caplog.at_level(logging.WARNING, logger="headstart.data"):
+        build_datasets(cfg, backbone.tokenizer, tmp_path, backbone, show_progress=False)
+    assert len(again.prompts) == 1  # only the damaged record
+    assert f"{regen_file}: 1 records are not whole" in caplog.text

@@ -59,5 +59,7 @@ def test_export_into_a_read_only_folder_is_one_line(world, out):
 def test_tune_into_a_read_only_folder_is_one_line_before_tuning(world):
     res = as_nobody("eval/tune.py", "--checkpoint", str(world / "run"), "--out", str(world / "ro" / "tuned"))
     one_line(res, str(world / "ro" / "tuned"), "Fix:")
-    assert len(res.stderr.strip().splitlines()) == 1, res.stderr  # refused before loading or measuring anything
+    assert len(res.stderr.strip().splitlines()) == 1, (
+        res.stderr
+    )  # refused before loading or measuring anything
     assert list((world / "ro").iterdir()) == []

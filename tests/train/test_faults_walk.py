@@ -131,7 +131,9 @@ def test_damaged_serve_check_report_is_refused_at_export_naming_it(run, tmp_path
     shutil.copytree(run / "drafter", drafter)
     report = drafter.parent / "serve_check" / "serve_check.json"
     report.parent.mkdir()
-    report.write_text(json.dumps({"k": 2, "passed": True, "prompts": 4, "vanilla": {"vllm_tokens_per_s": 9.0}}))
+    report.write_text(
+        json.dumps({"k": 2, "passed": True, "prompts": 4, "vanilla": {"vllm_tokens_per_s": 9.0}})
+    )
     damaged(report, how)
     with pytest.raises(ValueError, match="serve_check.json is unreadable") as e:
         find_serve_check(drafter)
