@@ -112,9 +112,8 @@ def load_or_tune(method: str, backbone, loaded: LoadedDrafter, probe: ProbePromp
                 "decoding settings from %s/decoding.json (%s): %s", ckpt, name, mine[-1]["decoder_summary"]
             )
             return Tuned(mine[-1], True, name)
-        log.info(
-            "tuning decoding settings for %s on %s (%s, %d threads)", ckpt, backbone.device, method, threads
-        )
+        log.info("tuning decoding settings for %s on %s (%s, %d threads)",
+                 ckpt or "the drafter", backbone.device, method, threads)  # fmt: skip
         record = tune(method, backbone, loaded, probe.ids, cfg, use)
         if record is None:
             return None
