@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         meta = read_meta(ckpt)
         bcfg = BackboneConfig(**meta["backbone"])
         backbone = load_backbone(replace(bcfg, dtype=args.dtype or bcfg.dtype), resolve_device(args.device))
-        loaded = LoadedDrafter(*load_drafter(ckpt, backbone, meta), None if args.out else ckpt)
+        loaded = LoadedDrafter(*load_drafter(ckpt, backbone, meta), ckpt)
         for_decoding(loaded.drafter, backbone.device, args.draft_weights)
         cfg = TunerConfig(mode="force" if args.force else "auto", prompts=args.prompts, threads=args.threads,
                           probe_prompts=args.probe_prompts, reps=args.reps)  # fmt: skip
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
         method = registry.get(meta["method"]).proposer
         cache = args.max_cache_len if resolve_compile(args.compile, backbone.device) else 0
         use = Use(args.temperature, args.top_p, args.lookup_tokens, cache)
-        tuned = load_or_tune(method, backbone, loaded, probe, cfg, use)
+        tuned = load_or_tune(method, backbone, loaded, probe, cfg, use, keep=not args.out)
         if tuned is None:
             raise ValueError(
                 f"{ckpt} holds a {meta['method']} drafter, whose decoder ({method}) the tuner has no model of"

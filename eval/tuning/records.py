@@ -93,17 +93,18 @@ def _tuned_on_scored(record: dict, scored_texts: set[str]) -> bool:
 
 
 def load_or_tune(method: str, backbone, loaded: LoadedDrafter, probe: ProbePrompts, cfg: TunerConfig,
-                 use: Use = GREEDY, scored_texts: set[str] = frozenset()) -> Tuned | None:  # fmt: skip
+                 use: Use = GREEDY, scored_texts: set[str] = frozenset(), keep: bool = True) -> Tuned | None:  # fmt: skip
     """The checkpoint's record for this condition (mode auto) unless it was tuned on prompts in
     `scored_texts` (normalised), else a fresh tuning on `probe`'s prompts, added to decoding.json (a read-only
-    folder: kept in memory, with a warning). CPU: under `planned_threads(cfg)`."""
+    folder: kept in memory, with a warning; keep=False: neither read nor written there, the caller writes it).
+    CPU: under `planned_threads(cfg)`."""
     if cfg.mode == "off":
         return None
     before, threads = torch.get_num_threads(), planned_threads(cfg)
     try:
         if backbone.device.type == "cpu":
             torch.set_num_threads(threads)
-        ckpt = loaded.path
+        ckpt = loaded.path if keep else None
         old = read_decodings(ckpt) if ckpt else []
         mine = [r for r in old if matches(r, backbone, loaded, use, threads)]
         if mine and cfg.mode == "auto" and not _tuned_on_scored(mine[-1], scored_texts):

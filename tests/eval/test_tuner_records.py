@@ -284,3 +284,21 @@ def test_compiled_steps_are_priced_compiled_and_kept_apart(
         True,
         False,
     ]
+
+
+def test_a_record_tuned_with_out_names_the_weights_and_is_reused_beside_them(ckpt, scored, tuning, tmp_path):
+    """`eval/tune.py --out`: nothing read or written beside the checkpoint, and the record written elsewhere is
+    valid for it (it named no weights before, so a copy beside the checkpoint was never reused)."""
+    import shutil
+
+    from headstart.eval.tune import main as tune_main
+    from headstart.models.checkpoint import weights_signature
+
+    out = tmp_path / "tuned"
+    tune_main(["--checkpoint", str(ckpt), "--out", str(out), "--prompts", str(tuning), "--threads", "1",
+               "--reps", "3", "--dtype", "float32", "--device", "cpu"])  # fmt: skip
+    assert not (ckpt / "decoding.json").exists()
+    (record,) = read_decodings(out)
+    assert record["conditions"]["weights"] == weights_signature(ckpt)
+    shutil.copy(out / "decoding.json", ckpt / "decoding.json")
+    assert _eval(ckpt, scored, tmp_path / "e", tuning)["decoding"]["reused"] is True
