@@ -47,17 +47,23 @@ def training_conversations(meta: dict) -> str:
     return str(train.get("samples", "?"))
 
 
-def find_report(drafter_dir: Path) -> dict | None:
-    for cand in (drafter_dir / "eval" / "report.json", drafter_dir.parent / "eval" / "report.json"):
+def quoted_report(drafter_dir: Path, name: str, writer: str) -> dict | None:
+    """The report `name` (e.g. eval/report.json) beside the drafter or in its run folder, for the cards to quote;
+    None when neither exists; unreadable: one line naming it and `writer`, the command that rewrites it."""
+    for cand in (drafter_dir / name, drafter_dir.parent / name):
         if cand.is_file():
             try:
                 return json.loads(cand.read_text())
             except (OSError, UnicodeDecodeError, ValueError) as e:
                 raise ValueError(
                     f"{cand} is unreadable ({type(e).__name__}), so the model cards cannot quote it. Fix: rerun "
-                    "the eval stage to rewrite it, or move it away to export without measured figures"
+                    f"{writer} to rewrite it, or move it away to export without its figures"
                 ) from e
     return None
+
+
+def find_report(drafter_dir: Path) -> dict | None:
+    return quoted_report(drafter_dir, "eval/report.json", "the eval stage")
 
 
 def card_datasets(data: dict) -> list[str]:

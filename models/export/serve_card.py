@@ -6,24 +6,13 @@ acceptance beside headstart's for every layout, and the server's own speedup, in
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from headstart.models.export.card import quoted_report
 
 
 def find_serve_check(drafter_dir: Path) -> dict | None:
-    for cand in (
-        drafter_dir / "serve_check" / "serve_check.json",
-        drafter_dir.parent / "serve_check" / "serve_check.json",
-    ):
-        if cand.is_file():
-            try:
-                return json.loads(cand.read_text())
-            except (OSError, UnicodeDecodeError, ValueError) as e:
-                raise ValueError(
-                    f"{cand} is unreadable ({type(e).__name__}), so the model cards cannot quote vLLM's figures. "
-                    "Fix: rerun the serve check to rewrite it, or move it away to export without them"
-                ) from e
-    return None
+    return quoted_report(drafter_dir, "serve_check/serve_check.json", "the serve check")
 
 
 def serve_check_lines(report: dict | None) -> list[str]:

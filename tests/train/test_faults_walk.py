@@ -112,31 +112,24 @@ def test_damaged_decoding_json_warns_and_uses_the_defaults(tmp_path, caplog, how
     assert str(path) in caplog.text and "rerun the tuner" in caplog.text
 
 
-@pytest.mark.parametrize("how", list(DAMAGES))
-def test_damaged_eval_report_is_refused_at_export_naming_it(run, tmp_path, how):
-    drafter = tmp_path / "run" / "drafter"
-    shutil.copytree(run / "drafter", drafter)
-    report = drafter.parent / "eval" / "report.json"
-    report.parent.mkdir()
-    report.write_text(json.dumps({"tau": 2.0, "speedup": 1.5, "prompts": 4}))
-    damaged(report, how)
-    with pytest.raises(ValueError, match="report.json is unreadable") as e:
-        find_report(drafter)
-    assert str(report) in str(e.value) and "Fix:" in str(e.value)
+QUOTED = {  # the reports the model cards quote, with a reader each
+    "eval/report.json": (find_report, {"tau": 2.0, "speedup": 1.5, "prompts": 4}),
+    "serve_check/serve_check.json": (find_serve_check, {"k": 2, "passed": True, "prompts": 4}),
+}
 
 
 @pytest.mark.parametrize("how", list(DAMAGES))
-def test_damaged_serve_check_report_is_refused_at_export_naming_it(run, tmp_path, how):
+@pytest.mark.parametrize("name", list(QUOTED))
+def test_damaged_report_is_refused_at_export_naming_it(run, tmp_path, name, how):
     drafter = tmp_path / "run" / "drafter"
     shutil.copytree(run / "drafter", drafter)
-    report = drafter.parent / "serve_check" / "serve_check.json"
+    read, content = QUOTED[name]
+    report = drafter.parent / name
     report.parent.mkdir()
-    report.write_text(
-        json.dumps({"k": 2, "passed": True, "prompts": 4, "vanilla": {"vllm_tokens_per_s": 9.0}})
-    )
+    report.write_text(json.dumps(content))
     damaged(report, how)
-    with pytest.raises(ValueError, match="serve_check.json is unreadable") as e:
-        find_serve_check(drafter)
+    with pytest.raises(ValueError, match=f"{report.name} is unreadable") as e:
+        read(drafter)
     assert str(report) in str(e.value) and "Fix:" in str(e.value)
 
 
