@@ -1,0 +1,69 @@
+"""The architecture matrix served in vLLM (slow; skipped without `./launch.sh vllm-setup`): for each tiny family
+(models/families.py), Medusa heads trained a few steps on it (the matrix's recipe) are exported as the `vllm/`
+layout, vLLM loads the family's HF folder and the heads, and then
+
+- vLLM's greedy output with the heads equals its own plain greedy output (fp32: no near-ties), and
+- vLLM accepts the heads' drafts as headstart's decoder does on the same chain and prompts: an export that
+  loads but is read differently (speculators #796: a drafter config of another family) still drafts, only
+  badly, so equal acceptance is the check that it was read right.
+
+A family vLLM cannot serve fails here with vLLM's own reason, in the log the error names."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from headstart.eval.bench.chain_tau import greedy_tau
+from headstart.eval.engine.decoder import build_decoder
+from headstart.eval.engine.proposers import chain_options
+from headstart.eval.serving.check import engine_args
+from headstart.eval.serving.counters import position_rates, spec_counters
+from headstart.models.backbone import BackboneConfig, load_backbone
+from headstart.models.checkpoint import LoadedDrafter, load_drafter, read_meta
+from headstart.models.export import export
+from headstart.models.families import TINY_FAMILIES
+from headstart.vllm_runner import VllmEngine, engine_spec, is_set_up
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+from test_family_matrix import TEXTS, train_tiny  # noqa: E402
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not is_set_up(), reason="vLLM not set up (./launch.sh vllm-setup)"),
+]
+K, NEW = 2, 24
+
+
+@pytest.mark.parametrize("family", list(TINY_FAMILIES))
+def test_family_heads_serve_in_vllm_as_in_headstart(tmp_path, family):
+    drafter_dir = train_tiny(tmp_path, family, "medusa")
+    meta = read_meta(drafter_dir)
+    backbone = load_backbone(BackboneConfig(**{**meta["backbone"], "dtype": "float32"}))
+    target = tmp_path / "target"  # the family's HF folder, as a user's model would be
+    backbone.model.save_pretrained(target)
+    backbone.tokenizer.save_pretrained(target)
+    (heads,) = export(drafter_dir, tmp_path / "export", layouts=["vllm"])
+    prompts = [backbone.tokenizer(text)["input_ids"] for text in TEXTS]
+
+    spec = engine_spec(
+        target, dtype="float32", max_model_len=256, eager_default=True, skip_tokenizer_init=True
+    )
+    with VllmEngine(spec, tmp_path / "plain.log") as engine:
+        plain = [o["token_ids"] for o in engine.generate(prompts, NEW)["outputs"]]
+    medusa = {"method": "medusa", "model": str(heads), "num_speculative_tokens": K}
+    with VllmEngine(
+        spec | {"speculative_config": medusa} | engine_args("medusa", heads), tmp_path / "spec.log"
+    ) as e:
+        served = [o["token_ids"] for o in e.generate(prompts, NEW)["outputs"]]
+        counters = spec_counters(e.metrics())
+    assert served == plain, f"{family}: vLLM with the heads diverged from its own plain greedy output"
+    assert counters["drafts"] > 0, f"{family}: vLLM loaded the heads but never drafted"
+
+    loaded = LoadedDrafter(*load_drafter(drafter_dir, backbone, meta), drafter_dir)
+    chain, _ = chain_options("medusa", K, loaded.drafter)
+    _, ours = greedy_tau(build_decoder("medusa", backbone, loaded, **chain), prompts, NEW)
+    theirs = position_rates(counters)
+    assert abs(theirs[0] - (ours[0] if ours else 0.0)) <= 0.1, (family, theirs, ours)
