@@ -50,10 +50,12 @@ TEXTS = ["the cat sat on the mat. the cat sat on the", "1, 2, 3, 4, 5, 6, 7,", "
 MAX_NEW = 16
 
 
-def train_tiny(tmp_path: Path, family: str, method: str) -> Path:
+def train_tiny(tmp_path: Path, family: str, method: str, tiny: dict | None = None) -> Path:
+    """`tiny`: overrides of the family's tiny config (models/families.py)."""
     entry, extra = METHODS[method]
     data = write_chat_file(tmp_path / "chat.jsonl", n=12)
     extra = {
+        **{f"+backbone.tiny.{k}": v for k, v in (tiny or {}).items()},
         "+backbone.tiny.family": family,
         "+backbone.tiny.initializer_range": 0.1,  # varied text: drafts are accepted sometimes, not always
         "backbone.attn_implementation": "eager" if family == "gemma2" else "sdpa",  # soft caps: eager only
