@@ -17,6 +17,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from headstart.atomic import write_json
 from headstart.digests import file_digest, mismatch
 from headstart.models import registry
 from headstart.models.backbone import Backbone, BackboneConfig, check_compatible
@@ -267,14 +268,7 @@ def find_checkpoints(path: str | Path) -> dict[Path, dict]:
 
 def write_final_eval(run_dir: Path, final_eval: dict) -> Path:
     """<run_dir>/final_eval.json, written atomically (a killed run leaves the old file or the new one)."""
-    final = Path(run_dir) / FINAL_EVAL
-    tmp = final.with_name(f"{FINAL_EVAL}.tmp{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(final_eval, indent=2))
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return final
+    return write_json(Path(run_dir) / FINAL_EVAL, final_eval)
 
 
 def read_final_eval(run_dir: Path) -> dict:

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from headstart.atomic import write_json
 
 log = logging.getLogger(__name__)
 DECODING_NAME = "decoding.json"
@@ -94,14 +95,7 @@ def read_decodings(path: str | Path) -> list[dict]:
 
 def write_decodings(path: str | Path, records: list[dict]) -> Path:
     """Write decoding.json atomically (a temporary sibling renamed over it: readers see the old or the new)."""
-    final = Path(path) / DECODING_NAME
-    tmp = final.with_name(f"{DECODING_NAME}.tmp{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps({"format": FORMAT, "records": records}, indent=2))
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return final
+    return write_json(Path(path) / DECODING_NAME, {"format": FORMAT, "records": records})
 
 
 def write_decoding(path: str | Path, record: dict) -> Path:

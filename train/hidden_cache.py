@@ -30,6 +30,7 @@ from safetensors.torch import save_file
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
+from headstart.atomic import write_json
 from headstart.data import TokenizedDataset, collate
 from headstart.data.cache import backbone_fingerprint
 from headstart.digests import file_digest, mismatch
@@ -104,12 +105,6 @@ def length_batches(lengths: np.ndarray, batch_tokens: int) -> list[list[int]]:
     return groups + ([group] if group else [])
 
 
-def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
-
-
 def _check_meta(folder: Path, saved: dict, meta: dict) -> None:
     for name in CHECKED:
         if saved.get(name) != meta[name]:
@@ -182,14 +177,16 @@ def build_cache(
         _check_meta(folder, saved, meta)
         manifest["plan"], manifest["shards"] = saved["plan"], saved.get("shards", {})  # resume with its plan
     else:
-        _write_json(folder / MANIFEST, manifest)  # the plan first: a resumed build keeps these shard bounds
+        # the plan first: a resumed build keeps these shard bounds
+        write_json(folder / MANIFEST, manifest, indent=1)
     pad_id = backbone.tokenizer.pad_token_id
     names = [f"shard_{i:05d}.safetensors" for i in range(len(manifest["plan"]))]
     todo = [i for i, n in enumerate(names) if not _shard_done(folder, n, manifest["shards"].get(n))]
     if saved is not None and saved.get("complete"):
         if not todo:
             return saved
-        _write_json(folder / MANIFEST, manifest)  # no longer complete until the damaged shards are rebuilt
+        # no longer complete until the damaged shards are rebuilt
+        write_json(folder / MANIFEST, manifest, indent=1)
     if todo and todo[0]:
         log.info("hidden cache %s: resuming at shard %d of %d", folder, todo[0], len(names))
     bar = tqdm(
@@ -227,10 +224,10 @@ def build_cache(
             "bytes": path.stat().st_size,
             "sha256": file_digest(path),
         }
-        _write_json(folder / MANIFEST, manifest)  # the shard counts only once it is listed here
+        write_json(folder / MANIFEST, manifest, indent=1)  # the shard counts only once it is listed here
     bar.close()
     manifest["complete"] = True
-    _write_json(folder / MANIFEST, manifest)
+    write_json(folder / MANIFEST, manifest, indent=1)
     return manifest
 
 

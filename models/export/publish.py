@@ -169,8 +169,9 @@ def damage(folder: Path) -> str | None:
         listed = dict(line.split("  ", 1)[::-1] for line in sums.read_text().splitlines())
     except (UnicodeDecodeError, ValueError):
         return f"{sums} is unreadable"
-    if any(len(d) != 64 for d in listed.values()) or sorted(listed) != _files(folder):
-        differ = ", ".join(sorted(set(listed) ^ set(_files(folder))))
+    files = _files(folder)
+    if any(len(d) != 64 for d in listed.values()) or sorted(listed) != files:
+        differ = ", ".join(sorted(set(listed) ^ set(files)))
         return f"{sums} does not match the folder's files" + (f" ({differ})" if differ else "")
     for name, recorded in listed.items():
         if file_digest(folder / name) != recorded:
