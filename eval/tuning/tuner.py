@@ -37,8 +37,9 @@ from headstart.models.checkpoint import LoadedDrafter
 log = logging.getLogger("headstart.eval")
 # 2: the lookup branch the tree was chosen for; 3: its step cost over the branch's widths; 4: tuned on prompts
 # apart from the scored ones, at the eval's temperature class, for a stated thread count, plain decoding a choice;
-# 5: compiled steps priced over cache-length buckets (eval/engine/runner.py), not the whole preallocated cache
-VERSION = 5
+# 5: compiled steps priced over cache-length buckets (eval/engine/runner.py), not the whole preallocated cache;
+# 6: steps priced at the probe's median sequence, not its first (a compiled step's cost depends on the bucket)
+VERSION = 6
 LOOKUP_KEY = "lookup search"  # the branch's cost, timed beside the drafter's settings
 # verify widths timed (up to max_width); compiled, each width compiles once (minutes on a CPU): fewer of them,
 # the costs between interpolated
