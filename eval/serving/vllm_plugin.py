@@ -15,10 +15,17 @@ environment; `pip install --no-deps headstart` is enough, it imports nothing but
     vllm serve BACKBONE --speculative-config '{"method": "eagle3", "model": DRAFTER, "num_speculative_tokens": 4}' \
         --additional-config '{"headstart_lookup": {"min_match": 2, "drafter_tokens": 2}}' --no-async-scheduling
 
-Without `headstart_lookup` in the additional config the plugin changes nothing. It patches one method of vLLM's
-model runner (`take_draft_token_ids`, where the step's drafts leave for the scheduler) and is written for the vLLM
-version in SUPPORTED_VLLM: another version, asynchronous scheduling (drafts then bypass that method) or no
-speculative config is refused at engine start with one line.
+A Medusa drafter is stateless, so for it the lookup comes first: the heads run only when some request of the
+step has no match long enough, and then only the first `drafter_tokens` of them (`drafter_tokens: 0`: never; the
+hybrid is then vLLM's `ngram`). In vLLM's CPU build four heads over a truncated vocabulary cost a few percent of a
+plain step, spent every step when the drafter always runs. An EAGLE drafter keeps a KV cache that must follow
+every step, so it always runs and its drafts are replaced afterwards.
+
+Without `headstart_lookup` in the additional config the plugin changes nothing. It patches three methods of vLLM
+(the model runner's `propose_draft_token_ids` and `take_draft_token_ids`, where a step's drafts are made and
+leave for the scheduler, and MedusaProposer.propose, to run fewer heads) and is written for the vLLM version in
+SUPPORTED_VLLM: another version, asynchronous scheduling (drafts then bypass those methods) or no speculative
+config is refused at engine start with one line.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+import torch
 
 SUPPORTED_VLLM = "0.32."
 CONFIG_KEY = "headstart_lookup"
@@ -47,6 +55,13 @@ def find_match(context: np.ndarray, max_ngram: int, num_tokens: int) -> tuple[in
     return 0, []
 
 
+def lookup(context: np.ndarray, k: int, min_match: int, max_ngram: int = MAX_NGRAM) -> list[int] | None:
+    """The (up to k) tokens that followed the context's longest earlier suffix match when that match is at least
+    `min_match` long, else None."""
+    n, chain = find_match(context, max_ngram, k)
+    return chain if chain and n >= min_match else None
+
+
 def choose(
     context: np.ndarray,
     drafted: list[int],
@@ -54,19 +69,17 @@ def choose(
     max_ngram: int = MAX_NGRAM,
     drafter_tokens: int | None = None,
 ) -> tuple[bool, list[int]]:
-    """-> (lookup chosen, the tokens to verify): the (up to K = len(drafted)) tokens that followed the context's
-    longest earlier suffix match when that match is at least `min_match` long, else the drafter's first
-    `drafter_tokens` (all: None)."""
-    k = len(drafted)
-    n, chain = find_match(context, max_ngram, k)
-    if chain and n >= min_match:
+    """-> (lookup chosen, the tokens to verify): `lookup`'s chain of up to K = len(drafted), else the drafter's
+    first `drafter_tokens` (all: None)."""
+    chain = lookup(context, len(drafted), min_match, max_ngram)
+    if chain is not None:
         return True, chain
-    return False, drafted[:drafter_tokens] if drafter_tokens else drafted
+    return False, drafted if drafter_tokens is None else drafted[:drafter_tokens]
 
 
 def settings(additional_config) -> dict | None:
-    """{"min_match": m, "max_ngram": n, "drafter_tokens": d or None} from vLLM's additional config, or None when
-    the hybrid is not asked for."""
+    """{"min_match": m, "max_ngram": n, "drafter_tokens": d or None} from vLLM's additional config (d: the
+    drafter's drafts kept, 0 for none; None: all K), or None when the hybrid is not asked for."""
     if not isinstance(additional_config, dict) or CONFIG_KEY not in additional_config:
         return None
     raw = dict(additional_config[CONFIG_KEY] or {})
@@ -80,9 +93,10 @@ def settings(additional_config) -> dict | None:
     if not 1 <= min_match <= max_ngram:
         raise ValueError(f"{CONFIG_KEY}.min_match={min_match}: must be in 1..max_ngram ({max_ngram})")
     drafter_tokens = raw.get("drafter_tokens")
-    if drafter_tokens is not None and int(drafter_tokens) < 1:
+    if drafter_tokens is not None and int(drafter_tokens) < 0:
         raise ValueError(
-            f"{CONFIG_KEY}.drafter_tokens={drafter_tokens}: must be >= 1. Fix: leave it out to keep all K drafts"
+            f"{CONFIG_KEY}.drafter_tokens={drafter_tokens}: must be >= 0 (0: lookup only). "
+            "Fix: leave it out to keep all K drafts"
         )
     return {
         "min_match": min_match,
@@ -124,38 +138,87 @@ def _apply(runner, drafts) -> None:
         if row is None or not drafts.draft_token_ids[i]:
             continue
         context = batch.token_ids_cpu[row, : batch.num_tokens_no_spec[row]]
-        lookup, chosen = choose(
+        chosen_lookup, chosen = choose(
             context, drafts.draft_token_ids[i], cfg["min_match"], cfg["max_ngram"], cfg["drafter_tokens"]
         )
-        runner._headstart_counts[lookup] += 1
+        runner._headstart_counts[chosen_lookup] += 1
         drafts.draft_token_ids[i] = chosen
+
+
+def _lookup_first(runner, k: int, sampled_token_ids: list, run_drafter) -> list[list[int]]:
+    """A stateless drafter's step, per batch row: the lookup chain when long enough, else the drafter's first
+    `drafter_tokens`, the drafter run (`run_drafter(d)` -> rows of d drafts) only when some row needs it; a row
+    that sampled nothing this step (mid-prefill) drafts nothing, as in vLLM's `ngram`."""
+    cfg, batch = runner._headstart_lookup, runner.input_batch
+    d = k if cfg["drafter_tokens"] is None else cfg["drafter_tokens"]
+    chains: list[list[int] | None] = []
+    for row, sampled in enumerate(sampled_token_ids):
+        length = int(batch.num_tokens_no_spec[row])
+        room = min(k, runner.max_model_len - length)
+        if not len(sampled) or room <= 0:
+            chains.append([])
+            continue
+        chain = lookup(batch.token_ids_cpu[row, :length], room, cfg["min_match"], cfg["max_ngram"])
+        runner._headstart_counts[chain is not None] += 1
+        chains.append(chain)
+    drafted = run_drafter(d) if d and any(chain is None for chain in chains) else None
+    return [
+        chain if chain is not None else (drafted[row][:d] if drafted is not None else [])
+        for row, chain in enumerate(chains)
+    ]
 
 
 def register() -> None:
     """vLLM's general-plugin hook: runs in every vLLM process; patches the model runner once."""
     import vllm
+    from vllm.v1.spec_decode.medusa import MedusaProposer
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     if getattr(GPUModelRunner, "_headstart_patched", False):
         return
     init, take = GPUModelRunner.__init__, GPUModelRunner.take_draft_token_ids
+    propose, medusa_propose = GPUModelRunner.propose_draft_token_ids, MedusaProposer.propose
 
     def __init__(self, vllm_config, *args, **kwargs):
         init(self, vllm_config, *args, **kwargs)
         self._headstart_lookup = _check_engine(vllm_config, vllm.__version__)
-        self._headstart_counts = [
-            0,
-            0,
-        ]  # steps that kept the drafter's drafts, steps that took the lookup chain
+        self._headstart_counts = [0, 0]  # steps that kept the drafter's drafts, steps that took the lookup chain
+        self._headstart_drafted = False  # this step's drafts already chose (lookup first)
         if self._headstart_lookup:
             log.info("headstart lookup hybrid on: %s", self._headstart_lookup)
 
+    def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args, **kwargs):
+        self._headstart_drafted = False
+        if not self._headstart_lookup or self.speculative_config.method != "medusa":
+            return propose(self, scheduler_output, sampled_token_ids, *args, **kwargs)
+
+        def run_drafter(heads: int) -> list[list[int]]:
+            self.drafter._headstart_heads = heads
+            try:
+                return propose(self, scheduler_output, sampled_token_ids, *args, **kwargs).tolist()
+            finally:
+                self.drafter._headstart_heads = None
+
+        k = scheduler_output.num_spec_tokens_to_schedule or self.speculative_config.num_speculative_tokens
+        self._headstart_drafted = True
+        return _lookup_first(self, k, sampled_token_ids, run_drafter)
+
     def take_draft_token_ids(self):
         drafts = take(self)
-        if drafts is not None and self._headstart_lookup:
+        if drafts is not None and self._headstart_lookup and not self._headstart_drafted:
             _apply(self, drafts)
         return drafts
 
+    def medusa_heads(self, num_speculative_tokens, target_hidden_states, *args, **kwargs):
+        heads = getattr(self, "_headstart_heads", None)
+        if heads is None:
+            return medusa_propose(self, num_speculative_tokens, target_hidden_states, *args, **kwargs)
+        blocks = [block(target_hidden_states) for block in self.model.blocks[:heads]]
+        logits = self.model.compute_logits(blocks)
+        return torch.stack([logit.argmax(dim=-1) for logit in logits], dim=1)
+
     GPUModelRunner.__init__ = __init__
+    GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
     GPUModelRunner.take_draft_token_ids = take_draft_token_ids
+    MedusaProposer.propose = medusa_heads
     GPUModelRunner._headstart_patched = True

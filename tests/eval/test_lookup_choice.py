@@ -44,6 +44,28 @@ def test_the_lookup_chain_is_chosen_only_at_min_match_or_longer():
         LookupChoice(inner, 4, 3, cpu)
 
 
+class Stateless(Fixed):
+    """A drafter whose proposal changes nothing (Medusa's heads): counted, so skipping it shows."""
+
+    stateless = True
+
+    def __init__(self, tokens, tree):
+        super().__init__(tokens, tree)
+        self.calls = 0
+
+    def propose(self, context, sampling):
+        self.calls += 1
+        return super().propose(context, sampling)
+
+
+def test_a_stateless_drafter_is_run_only_when_the_lookup_chain_loses():
+    inner = Stateless([10, 11], chain_tree(2))
+    choice = LookupChoice(inner, 2, 3, torch.device("cpu"))
+    assert choice.propose([4, 5, 6, 7, 4, 5], Sampling()).tokens.tolist() == [6, 7, 4]
+    assert inner.calls == 0  # the lookup chain won: the heads were not run, as the plugin skips vLLM's
+    assert choice.propose([4, 5, 6, 7, 8, 9], Sampling()) is inner.draft and inner.calls == 1
+
+
 class Recorder:
     """Keeps each context with the drafter's own proposal (the drafter runs every step, chosen or not)."""
 

@@ -36,6 +36,7 @@ def test_a_lookup_chain_longer_than_the_drafters_own():
     assert plugin.choose(context, [1, 2, 3, 8], 2, drafter_tokens=2) == (True, [6, 7, 8, 9])
     assert plugin.choose(context, [1, 2, 3, 8], 3, drafter_tokens=2) == (False, [1, 2])
     assert plugin.choose(context, [1, 2, 3, 8], 3, drafter_tokens=4) == (False, [1, 2, 3, 8])
+    assert plugin.choose(context, [1, 2, 3, 8], 3, drafter_tokens=0) == (False, [])  # lookup only
 
 
 @pytest.mark.parametrize(
@@ -43,7 +44,7 @@ def test_a_lookup_chain_longer_than_the_drafters_own():
     [
         ({"headstart_lookup": {"min_match": 4}}, r"min_match=4: must be in 1..max_ngram \(3\)"),
         ({"headstart_lookup": {"min_mach": 2}}, r"unknown keys \['min_mach'\]. Fix"),
-        ({"headstart_lookup": {"drafter_tokens": 0}}, r"drafter_tokens=0: must be >= 1. Fix"),
+        ({"headstart_lookup": {"drafter_tokens": -1}}, r"drafter_tokens=-1: must be >= 0 \(0: lookup only\)"),
     ],
 )
 def test_bad_settings_are_refused(config, match):
@@ -96,3 +97,51 @@ def test_a_steps_drafts_are_rewritten_per_request():
     plugin._apply(runner, drafts)
     assert drafts.draft_token_ids == [[7], [6, 7], [1, 1]]  # "gone" left the batch: untouched
     assert runner._headstart_counts == [1, 1]
+
+
+def lookup_first_runner(drafter_tokens, rows, max_model_len=64):
+    tokens = np.zeros((len(rows), 16), dtype=np.int32)
+    for i, row in enumerate(rows):
+        tokens[i, : len(row)] = row
+    batch = SimpleNamespace(token_ids_cpu=tokens, num_tokens_no_spec=np.array([len(r) for r in rows]))
+    rule = {"min_match": 2, "max_ngram": 3, "drafter_tokens": drafter_tokens}
+    return SimpleNamespace(
+        _headstart_lookup=rule, input_batch=batch, _headstart_counts=[0, 0], max_model_len=max_model_len
+    )
+
+
+class Drafter:
+    """A stand-in for the runner's own propose: rows of `heads` drafts, its calls recorded."""
+
+    def __init__(self, rows):
+        self.rows, self.calls = rows, []
+
+    def __call__(self, heads):
+        self.calls.append(heads)
+        return [[10 + i] * heads for i in range(self.rows)]
+
+
+def test_a_stateless_drafter_runs_only_when_some_request_needs_it():
+    matched, unmatched = [4, 5, 6, 7, 8, 4, 5], [1, 2, 3, 8, 9]
+    runner = lookup_first_runner(2, [matched, matched])
+    drafter = Drafter(2)
+    assert plugin._lookup_first(runner, 4, [[5], [5]], drafter) == [[6, 7, 8, 4], [6, 7, 8, 4]]
+    assert drafter.calls == [] and runner._headstart_counts == [0, 2]  # every request matched: no heads run
+
+    runner = lookup_first_runner(2, [unmatched, matched, unmatched])
+    drafter = Drafter(3)
+    sampled = [[9], [5], []]  # the third request sampled nothing (mid-prefill): no drafts, as ngram
+    assert plugin._lookup_first(runner, 4, sampled, drafter) == [[10, 10], [6, 7, 8, 4], []]
+    assert drafter.calls == [2] and runner._headstart_counts == [1, 1]  # only the kept heads run
+
+    runner = lookup_first_runner(0, [unmatched, matched])
+    drafter = Drafter(2)
+    assert plugin._lookup_first(runner, 4, [[9], [5]], drafter) == [[], [6, 7, 8, 4]]
+    assert drafter.calls == []  # drafter_tokens 0: lookup only, the heads never run
+
+
+def test_lookup_chains_stop_at_the_models_length():
+    runner = lookup_first_runner(None, [[4, 5, 6, 7, 8, 4, 5]], max_model_len=9)
+    assert plugin._lookup_first(runner, 4, [[5]], Drafter(1)) == [[6, 7]]
+    full = lookup_first_runner(None, [[4, 5, 6, 7, 8, 4, 5]], max_model_len=7)
+    assert plugin._lookup_first(full, 4, [[5]], Drafter(1)) == [[]]

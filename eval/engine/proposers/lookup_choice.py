@@ -3,7 +3,8 @@
 
 Suffix decoding beside a trained speculator (Snowflake's Arctic Inference) and SA_SPEC in TensorRT-LLM pick the
 context's own continuation when its match is long enough, else the trained drafter. Here: each step the drafter
-proposes its chain (it always runs, as in the server, so its state follows the context), and prompt lookup finds
+proposes its chain (a drafter with state always runs, as in the server, so its state follows the context; a
+stateless one, Medusa's heads, only when the lookup chain loses, as the plugin runs vLLM's), and prompt lookup finds
 the longest suffix n-gram (n <= max_ngram) seen earlier in the context (proposers/prompt_lookup.py). When
 n >= min_match, the (up to) `num_tokens` tokens that followed it are verified instead of the drafter's chain
 (vLLM, like its `ngram`, takes fewer drafts than num_speculative_tokens for a request; `num_tokens` may exceed the
@@ -57,10 +58,13 @@ class LookupChoice:
         self.inner.start(prompt, hidden)
 
     def propose(self, context: list[int], sampling: Sampling) -> Draft | None:
-        draft = self.inner.propose(context, sampling)
         self.counts["steps"] += 1
         n, chain = find_match(torch.tensor(context), self.max_ngram, self.k)
-        if n < self.m or not chain:
+        matched = n >= self.m and bool(chain)
+        # a stateless drafter (its propose changes nothing) is skipped when the lookup chain wins, as the plugin
+        # skips vLLM's Medusa heads; one with state (a draft KV cache) runs every step so that state follows
+        draft = None if matched and getattr(self.inner, "stateless", False) else self.inner.propose(context, sampling)
+        if not matched:
             return draft
         if draft is not None and draft.probs is not None:
             raise ValueError("a lookup choice needs point-mass drafts (Draft.probs None), not sampled ones")

@@ -31,6 +31,8 @@ PROBE_RANKS = 4  # the tuner's probe tree: the top-1 chain plus the top-4 candid
 
 
 class MedusaProposer:
+    stateless = True  # propose() reads the kept hidden state and changes nothing (lookup_choice.py skips it)
+
     def __init__(self, heads: MedusaHeads, tree: Tree, device: torch.device) -> None:
         check_fits_heads(tree, len(heads.blocks))
         self.heads, self.tree, self.width = heads, tree, tree.size
