@@ -6,8 +6,9 @@ verifies each step either the drafter's chain of k or the L tokens that followed
 earlier, the latter when that n-gram has at least m tokens. A longer lookup chain only adds tokens behind the
 same match (its accepted prefix is never shorter), and the lookup chain of vLLM's `ngram` is DRAFT_TOKENS long, so
 L is searched from k up to that (capped by what the drafter can serve: a Medusa export ships max(k, L) heads).
-The drafter runs every step either way and a verify of up to ~5 tokens costs about one of 1 on the hardware this
-targets (memory-bound steps; docs/results.md has the CPU's curve), so the rule is chosen by greedy tau: the
+A verify of up to ~5 tokens costs about one of 1 on the hardware this targets (memory-bound steps; docs/results.md
+has the CPU's curve) and the drafter's own cost is small (Medusa heads run only on steps the lookup loses), so the
+rule is chosen by greedy tau: the
 highest, then among rules within TAU_SLACK of it the shortest L (the narrower verify) and the largest m (fewer
 drafts replaced). This decodes the tuning prompts greedily once per (L, m) and once with the drafter alone;
 prompts the figure is later scored on must not be among them (the caller's duty, checked in
