@@ -63,7 +63,11 @@ class LookupChoice:
         matched = n >= self.m and bool(chain)
         # a stateless drafter (its propose changes nothing) is skipped when the lookup chain wins, as the plugin
         # skips vLLM's Medusa heads; one with state (a draft KV cache) runs every step so that state follows
-        draft = None if matched and getattr(self.inner, "stateless", False) else self.inner.propose(context, sampling)
+        draft = (
+            None
+            if matched and getattr(self.inner, "stateless", False)
+            else self.inner.propose(context, sampling)
+        )
         if not matched:
             return draft
         if draft is not None and draft.probs is not None:
