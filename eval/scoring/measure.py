@@ -114,7 +114,8 @@ def _score(
         reports[name] = {
             **pair.report(),
             "units": [
-                {"prompt": p, "turn": t, "ratios": pair.ratios("spec", {u})} for u, (p, t) in unit_of.items()
+                {"prompt": p, "turn": t, "ratios": pair.ratios("spec", {u}), "timed": pair.totals(u)}
+                for u, (p, t) in unit_of.items()
             ],
             "step_ms": {k: 1000 * c for k, c in pair_costs.items()},
             "verify_width": shapes[name][0],

@@ -236,6 +236,14 @@ class Interleaved:
                 out.append(s[side].rate / s[self.base].rate)
         return out
 
+    def totals(self, unit: int) -> dict[str, list[float]]:
+        """side -> [tokens, seconds] of one unit summed over its timed rounds."""
+        rows = [s for (u, _), s in self.samples.items() if u == unit]
+        return {
+            side: [sum(r[side].tokens for r in rows), sum(r[side].seconds for r in rows)]
+            for side in self.sides
+        }
+
     def summary(self, side: str, units: set[int] | None = None) -> dict:
         return summarize(self.ratios(side, units))
 

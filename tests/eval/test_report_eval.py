@@ -14,7 +14,14 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
 from headstart.eval.errors import EvalError
-from headstart.eval.report.write import best_index, log_wandb, markdown, write_report, write_runs_summary
+from headstart.eval.report.write import (
+    best_index,
+    latency_memory_rows,
+    log_wandb,
+    markdown,
+    write_report,
+    write_runs_summary,
+)
 from headstart.eval.scoring.score import aggregate
 from headstart.eval.stage.config import register_configs, to_eval_config
 from headstart.tracking import LoggerConfig
@@ -93,6 +100,24 @@ def test_aggregate_by_hand():
     assert m["time_split"] == pytest.approx({"draft": 0.2, "verify": 0.65, "bookkeeping": 0.15})
     assert m["step_latency_ms"]["p50"] == pytest.approx(150.0)
     assert aggregate(RECORDS, greedy=False)["greedy_matches_vanilla"] is None
+
+
+def test_a_compiled_evals_rates_come_from_its_timed_rounds():
+    """Its first pass compiled the graphs (dropped from the timing): tokens/s overall and by category are the
+    rounds', and the latency rows say they are the first pass's."""
+    units = [
+        {"prompt": 0, "turn": 0, "ratios": [1.0], "timed": {"vanilla": [20, 2.0], "spec": [20, 1.0]}},
+        {"prompt": 1, "turn": 0, "ratios": [1.0], "timed": {"vanilla": [40, 4.0], "spec": [40, 5.0]}},
+    ]
+    dropped = {"units": units, "flags": [], "predicted_speedup": None, "first_pass": "dropped: it compiled"}
+    m = aggregate(RECORDS, greedy=True, timing=dropped)
+    assert m["tokens_per_s"] == pytest.approx({"vanilla": 10.0, "spec": 10.0})  # 60 / 6 s each
+    assert m["categories"]["a"]["tokens_per_s"] == pytest.approx({"vanilla": 10.0, "spec": 20.0})
+    timed = aggregate(RECORDS, greedy=True, timing=dropped | {"first_pass": "timed"})
+    assert timed["tokens_per_s"] == pytest.approx({"vanilla": 10.0, "spec": 15.0})  # eager: the first pass's
+    rows = latency_memory_rows(_report() | {"timing": dropped})
+    assert rows[0].startswith("| per-token latency p50 / p99 (ms), first pass: compiles included, spec vs")
+    assert "first pass" not in markdown(_report())
 
 
 def test_best_is_highest_tau_then_unflagged_speedup():
