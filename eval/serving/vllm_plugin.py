@@ -182,10 +182,8 @@ def register() -> None:
     def __init__(self, vllm_config, *args, **kwargs):
         init(self, vllm_config, *args, **kwargs)
         self._headstart_lookup = _check_engine(vllm_config, vllm.__version__)
-        self._headstart_counts = [
-            0,
-            0,
-        ]  # steps that kept the drafter's drafts, steps that took the lookup chain
+        # steps that kept the drafter's drafts, steps that took the lookup chain
+        self._headstart_counts = [0, 0]
         self._headstart_drafted = False  # this step's drafts already chose (lookup first)
         if self._headstart_lookup:
             log.info("headstart lookup hybrid on: %s", self._headstart_lookup)
