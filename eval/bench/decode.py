@@ -1,11 +1,13 @@
 """Benchmark our decoder against Hugging Face `generate` on the same prompts and model, interleaved per prompt.
 
     python eval/bench/decode.py --checkpoint DIR --prompts FILE --n 10 --max-new-tokens 128 --dtype bfloat16
+    python eval/bench/decode.py --checkpoint MEDUSA EAGLE3 DISTILL --prompts FILE   # several drafters, one table
     python eval/bench/decode.py --backbone tiny --n 4          # no drafter: vanilla + the training-free methods
     python eval/bench/decode.py --backbone tiny --verify-costs  # verify cost by width, eager / compiled / roofline
 
-Rows: ours vanilla, ours <the checkpoint's proposer> without and with its prompt-lookup branch (with
---checkpoint; --lookup-tokens 0 drops the second), ours prompt_lookup, ours lookahead, ours draft (with --draft);
+Rows: ours vanilla, ours <each checkpoint's proposer> without and with its prompt-lookup branch (with
+--checkpoint, one or more drafters of the same backbone, the first one's backbone used; --lookup-tokens 0 drops the
+second), ours prompt_lookup, ours lookahead, ours draft (with --draft);
 HF greedy, HF prompt lookup (`prompt_lookup_num_tokens`), HF assisted (`assistant_model`, with --draft). All greedy.
 Ours rows also get per-token latency p50/p99 (a step's time shared by the tokens it emitted, over every timed run)
 and memory: peak GB of one decode and its overhead over ours vanilla (eval/scoring/memory.py).
@@ -53,7 +55,12 @@ from headstart.models.int8 import MODES as INT8_MODES
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", default="", help="drafter checkpoint folder (its backbone is used)")
+    p.add_argument(
+        "--checkpoint",
+        nargs="+",
+        default=[],
+        help="drafter checkpoint folders of one backbone (the first one's is used): a row each, side by side",
+    )
     p.add_argument(
         "--backbone", default="", help="backbone (Hub id, folder, .gguf, tiny); default: the checkpoint's"
     )
@@ -136,6 +143,12 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
         args.lookahead = LookaheadOptions(**{k: v or None for k, v in knobs.items()})
     except ValueError as e:  # e.g. --lookahead-ngram 1
         raise EvalError(str(e)) from e
+    labels = [run_name(c) for c in args.checkpoint]
+    if len(set(labels)) != len(labels):
+        raise EvalError(
+            f"--checkpoint: two drafters share a run folder name ({labels}); their rows would collide. "
+            "Fix: give each drafter its own run folder"
+        )
     args.draft_weights = args.draft_weights.split(",")
     bad = [w for w in args.draft_weights if w not in INT8_MODES]
     if bad or len(set(args.draft_weights)) != len(args.draft_weights):
@@ -232,11 +245,12 @@ def build_methods(args, backbone: Backbone, draft: Backbone | None, cache_len: i
         "compile": args.compile or "eager",
     }  # every one of ours: the same kernels
     ours = {"ours vanilla": Decoder(backbone, "vanilla", **kw)}
-    if args.checkpoint:
-        picked = pick(read_decodings(args.checkpoint), greedy=True, device=backbone.device.type)
+    for checkpoint in args.checkpoint:
+        picked = pick(read_decodings(checkpoint), greedy=True, device=backbone.device.type)
         if picked:  # which record the tree comes from (a plain choice still benchmarks its declined tree)
             print(picked.note)
-        ours |= drafter_decoders(args, backbone, kw, picked.record.get("decoder", {}) if picked else {})
+        tuned = picked.record.get("decoder", {}) if picked else {}
+        ours |= drafter_decoders(args, checkpoint, backbone, kw, tuned)
     ours["ours prompt_lookup"] = Decoder(backbone, PromptLookupOptions(num_draft_tokens=k), **kw)
     ours["ours lookahead"] = Decoder(backbone, args.lookahead, **kw)
     if draft is not None:
@@ -251,9 +265,16 @@ def build_methods(args, backbone: Backbone, draft: Backbone | None, cache_len: i
     return methods, ours
 
 
-def drafter_decoders(args, backbone: Backbone, kw: dict, tuned: dict) -> dict:
+def run_name(checkpoint: str) -> str:
+    """A checkpoint's row label: its run folder (the one holding `drafter/`), else its own name."""
+    path = Path(checkpoint).resolve()
+    return path.parent.name if path.name == "drafter" else path.name
+
+
+def drafter_decoders(args, checkpoint: str, backbone: Backbone, kw: dict, tuned: dict) -> dict:
     """The checkpoint's drafter, one row per --draft-weights mode, each without and (--lookup-tokens > 0)
-    with its prompt-lookup branch, on the checkpoint's tuned tree (`tuned`: its decoding record) or --tree-nodes."""
+    with its prompt-lookup branch, on the checkpoint's tuned tree (`tuned`: its decoding record) or --tree-nodes.
+    With several checkpoints each row names its run (the folder above `drafter/`)."""
     from headstart.eval.engine.decoder import build_decoder
     from headstart.models import registry
     from headstart.models.checkpoint import LoadedDrafter, load_drafter
@@ -262,10 +283,12 @@ def drafter_decoders(args, backbone: Backbone, kw: dict, tuned: dict) -> dict:
     opts = {"tree_nodes": args.tree_nodes} if args.tree_nodes else tuned
     out = {}
     for mode in args.draft_weights:  # a drafter each: int8 replaces its layers in place
-        loaded = LoadedDrafter(*load_drafter(args.checkpoint, backbone))
+        loaded = LoadedDrafter(*load_drafter(checkpoint, backbone))
         proposer = registry.proposer_of(loaded.meta["method"])
         weights = for_decoding(loaded.drafter, backbone.device, mode)
         name = f"ours {proposer}" + (f" ({weights})" if len(args.draft_weights) > 1 else "")
+        if len(args.checkpoint) > 1:
+            name += f" [{run_name(checkpoint)}]"
         out[name] = build_decoder(proposer, backbone, loaded, **kw, **opts)
         if args.lookup_tokens:
             out[f"{name} + lookup {args.lookup_tokens}"] = build_decoder(
@@ -404,7 +427,8 @@ def markdown(rows: list[dict], settings: dict) -> str:
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     device = resolve_device(args.device)
-    bcfg = BackboneConfig(**read_meta(args.checkpoint)["backbone"]) if args.checkpoint else BackboneConfig()
+    first = args.checkpoint[0] if args.checkpoint else None
+    bcfg = BackboneConfig(**read_meta(first)["backbone"]) if first else BackboneConfig()
     if args.backbone:  # with a checkpoint too: load_drafter still checks that the heads fit it
         bcfg = replace(bcfg, name=Path(args.backbone).name, path=args.backbone)
     choice = resolve_dtype(args.dtype or bcfg.dtype, device, setting="--dtype")

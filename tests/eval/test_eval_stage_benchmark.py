@@ -81,3 +81,35 @@ def test_draft_weights_rows_side_by_side(tmp_path):
     assert drafts["ours vanilla"] < drafts["ours eagle3 (int8)"]  # vanilla: the decoder's no-op, ~2 us
     with pytest.raises(EvalError, match="--draft-weights int8,int8"):
         main([*argv, "--draft-weights", "int8,int8"])  # the last one given wins
+
+
+def test_several_drafters_in_one_table(tmp_path):
+    """--checkpoint A B: a Medusa and an EAGLE-3 drafter of one backbone, a row each named by its run, timed in
+    the same rounds, both lossless; two drafters in same-named run folders are refused in one line."""
+    from headstart.models.backbone import BackboneConfig, load_backbone
+    from headstart.models.checkpoint import build_drafter, save_drafter
+    from headstart.models.eagle_config import Eagle3Config
+    from headstart.models.medusa import MedusaConfig
+
+    cfg = BackboneConfig(
+        name="tiny", path="tiny", dtype="float32", tiny={"seed": 3, "initializer_range": 0.2}
+    )
+    bb = load_backbone(cfg)
+    eagle_cfg, medusa_cfg = Eagle3Config(aux_layers=[1, 1, 1], draft_vocab_size=64), MedusaConfig(num_heads=2)
+    eagle = save_drafter(
+        tmp_path / "e3" / "drafter", build_drafter("eagle3", eagle_cfg, bb), "eagle3", eagle_cfg, cfg, bb
+    )
+    medusa = save_drafter(
+        tmp_path / "heads" / "drafter", build_drafter("medusa", medusa_cfg, bb), "medusa", medusa_cfg, cfg, bb
+    )
+    argv = ["--checkpoint", str(medusa), str(eagle), "--n", "2", "--max-new-tokens", "8", "--device", "cpu",
+            "--budget-s", "0", "--lookup-tokens", "0", "--no-hf"]  # fmt: skip
+    rows = {r["method"]: r for r in main(argv)}
+    assert list(rows) == ["ours vanilla", "ours medusa [heads]", "ours eagle3 [e3]", "ours prompt_lookup",
+                          "ours lookahead"]  # fmt: skip
+    assert all(r["matches_ours_vanilla"] == 1.0 for r in rows.values())
+    twin = save_drafter(
+        tmp_path / "x" / "heads", build_drafter("medusa", medusa_cfg, bb), "medusa", medusa_cfg, cfg, bb
+    )
+    with pytest.raises(EvalError, match=r"share a run folder name \(\['heads', 'heads'\]\)"):
+        main(["--checkpoint", str(medusa), str(twin), "--n", "1"])
