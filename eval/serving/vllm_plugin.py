@@ -190,7 +190,8 @@ def register() -> None:
 
     def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args, **kwargs):
         self._headstart_drafted = False
-        if not self._headstart_lookup or self.speculative_config.method != "medusa":
+        # a stateless drafter (Medusa's heads) can be skipped: the lookup goes first; any other runs every step
+        if not self._headstart_lookup or not isinstance(self.drafter, MedusaProposer):
             return propose(self, scheduler_output, sampled_token_ids, *args, **kwargs)
 
         def run_drafter(heads: int) -> list[list[int]]:
