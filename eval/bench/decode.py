@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from headstart.errors import exit_on_user_error
 from headstart.eval.engine.compiled import COMPILE_MODES
@@ -313,10 +314,12 @@ def measure(
             torch.cuda.synchronize(device)
         return run, time.perf_counter() - start
 
-    for ids in prompts[:warmup]:
+    for ids in tqdm(prompts[:warmup], desc="bench-decode: warm-up (untimed)", unit="prompt"):
         for fn in methods.values():
             fn(ids)
     first: dict[tuple[str, int], Run] = {}
+    # round 0 is every method on every prompt; later rounds (until the ratios converge) count on past the total
+    bar = tqdm(total=len(prompts) * len(methods), desc="bench-decode: timed decodes", unit="decode")
     drafting = {name: [0.0, 0] for name in methods}  # over every timed run: draft seconds, steps
     latency: dict[str, list[float]] = {name: [] for name in methods}  # per token, every timed run
 
@@ -327,10 +330,13 @@ def measure(
             drafting[name][0] += r.draft_s
             drafting[name][1] += r.forwards
         latency[name] += token_latencies(r.step_latency_s, r.accepted_per_step)
+        bar.set_postfix_str(f"{name}, {len(r.tokens) / seconds:.1f} tok/s" if seconds > 0 else name)
+        bar.update(1)
         return Sample(len(r.tokens), seconds, r.forwards + 1)
 
     timer = Interleaved(list(methods), "ours vanilla", timing)
     timer.run(run, len(prompts))
+    bar.close()
     totals = {}
     for name in methods:
         runs = [first[name, u] for u in range(len(prompts))]
