@@ -11,6 +11,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from headstart.eval.scoring.score import first_pass_dropped
 from headstart.hardware import machine_line
 from headstart.models.export.serve_card import serve_check_lines
 
@@ -63,8 +64,7 @@ def _span(xs) -> str:
 
 def _first_pass_note(r: dict) -> str:
     """Latencies are per step of the first pass; a compiled eval compiled its graphs inside it."""
-    dropped = str((r.get("timing") or {}).get("first_pass", "")).startswith("dropped")
-    return ", first pass: compiles included" if dropped else ""
+    return ", first pass: compiles included" if first_pass_dropped(r.get("timing")) else ""
 
 
 def latency_memory_rows(r: dict) -> list[str]:

@@ -14,6 +14,7 @@ import torch
 
 from headstart.eval.engine.quick import summarize_turns
 from headstart.eval.scoring.score import (
+    FIRST_PASS_DROPPED,
     GenOpts,
     answer,
     check_fits,
@@ -85,7 +86,7 @@ def _score(
         # the first pass compiled each (width, cache bucket) as a decode first reached it, inside its timing:
         # its times are dropped and round 0 is timed again over graphs that are all built
         timer.samples.clear()
-        first_pass = "dropped: it compiled the graphs"
+        first_pass = FIRST_PASS_DROPPED
 
     def rerun(side: str, u: int) -> Sample:
         unit = units[u]

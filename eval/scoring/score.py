@@ -97,6 +97,15 @@ def tau_of(records: list[dict]) -> float | None:
     )
 
 
+# a compiled eval's first pass compiled each graph as a decode first reached it: its times are dropped and the
+# rounds timed again (eval/scoring/measure.py); its records still give tau, outputs and latencies
+FIRST_PASS_DROPPED = "dropped: it compiled the graphs"
+
+
+def first_pass_dropped(timing: dict | None) -> bool:
+    return bool(timing) and timing.get("first_pass") == FIRST_PASS_DROPPED
+
+
 def _timed_tps(timing: dict, prompts: set[int] | None = None) -> dict[str, float] | None:
     """Tokens per second of each side over the timed rounds (of the units of `prompts`, all: None); None when
     the report has no per-unit totals."""
@@ -135,8 +144,7 @@ def aggregate(records: list[dict], greedy: bool, timing: dict | None = None) -> 
     ratios = _unit_ratios(records, timing)
     spread = summarize([x for _, x in ratios])
     tau, speedup = tau_of(records), spread["median"]
-    # a compiled eval drops its first pass (it compiled the graphs inside it): its rates come from the rounds
-    rounds_only = bool(timing) and str(timing.get("first_pass", "")).startswith("dropped")
+    rounds_only = first_pass_dropped(timing)  # then rates come from the timed rounds, not the first pass
 
     def tps(indices: set[int]) -> dict[str, float]:
         timed = _timed_tps(timing, indices) if rounds_only else None
@@ -145,12 +153,13 @@ def aggregate(records: list[dict], greedy: bool, timing: dict | None = None) -> 
 
     categories = {}
     for name in sorted({r["category"] for r in records}):
-        sub = [r for r in records if r["category"] == name]
+        indices = {i for i, r in enumerate(records) if r["category"] == name}
+        sub = [records[i] for i in sorted(indices)]
         categories[name] = {
             "tau": tau_of(sub),
-            "speedup": summarize([x for i, x in ratios if records[i]["category"] == name])["median"],
+            "speedup": summarize([x for i, x in ratios if i in indices])["median"],
             "n": len(sub),
-            "tokens_per_s": tps({i for i, r in enumerate(records) if r["category"] == name}),
+            "tokens_per_s": tps(indices),
         }
 
     def latency(side: str, per_token: bool = False) -> dict:

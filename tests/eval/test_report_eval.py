@@ -22,7 +22,7 @@ from headstart.eval.report.write import (
     write_report,
     write_runs_summary,
 )
-from headstart.eval.scoring.score import aggregate
+from headstart.eval.scoring.score import FIRST_PASS_DROPPED, aggregate
 from headstart.eval.stage.config import register_configs, to_eval_config
 from headstart.tracking import LoggerConfig
 
@@ -109,7 +109,7 @@ def test_a_compiled_evals_rates_come_from_its_timed_rounds():
         {"prompt": 0, "turn": 0, "ratios": [1.0], "timed": {"vanilla": [20, 2.0], "spec": [20, 1.0]}},
         {"prompt": 1, "turn": 0, "ratios": [1.0], "timed": {"vanilla": [40, 4.0], "spec": [40, 5.0]}},
     ]
-    dropped = {"units": units, "flags": [], "predicted_speedup": None, "first_pass": "dropped: it compiled"}
+    dropped = {"units": units, "flags": [], "predicted_speedup": None, "first_pass": FIRST_PASS_DROPPED}
     m = aggregate(RECORDS, greedy=True, timing=dropped)
     assert m["tokens_per_s"] == pytest.approx({"vanilla": 10.0, "spec": 10.0})  # 60 / 6 s each
     assert m["categories"]["a"]["tokens_per_s"] == pytest.approx({"vanilla": 10.0, "spec": 20.0})
