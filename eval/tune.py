@@ -96,8 +96,10 @@ def summary(tuned: Tuned) -> str:
     ms = lambda t: ", ".join(f"{k}: {1000 * v:.2f}" for k, v in t.items())  # noqa: E731
     pred, v = record["predicted"], record["vllm"]
     branch = (
-        f" (lookup branch of {record['lookup_tokens']}: +{pred['lookup_gain']:.3f} tokens, "
-        f"+{pred['lookup_nodes']:.2f} nodes per step)"
+        f" (lookup branch of {record['branch_tokens']} of {record['lookup_tokens']} allowed: "
+        f"+{pred['lookup_gain']:.3f} tokens, +{pred['lookup_nodes']:.2f} nodes per step)"
+        if record.get("branch_tokens")
+        else " (no lookup branch: none pays)"
         if record.get("lookup_tokens")
         else ""
     )

@@ -59,13 +59,19 @@ def describe(record: dict) -> str:
     c = {"temperature": UNKNOWN, "draft_weights": "native", **record.get("conditions", {})}
     where = f"{c.get('device')}" + (f" ({c['device_name']})" if c.get("device_name") else "")
     threads = f", {c['threads']} threads" if c.get("threads") else ""
-    branch = f", lookup branch {record['lookup_tokens']}" if record.get("lookup_tokens") else ""
+    branch = f", lookup branch up to {record['lookup_tokens']}" if record.get("lookup_tokens") else ""
     branch += ", compiled steps" if c.get("compiled") else ""
     temp = c["temperature"] if c["temperature"] != UNKNOWN else "temperature not recorded"
     return (
         f"{temp}, {where}, {c.get('dtype')}{threads}, {c['draft_weights']} drafter{branch}, "
         f"v{record.get('version')}"
     )
+
+
+def branch_tokens(record: dict | None, allowed: int) -> int:
+    """The lookup branch's length to decode with: the one a record's tuner chose with its tree (never more than
+    `allowed`, the eval's lookup_tokens), else `allowed` (no record, or one from before the length was tuned)."""
+    return min(record.get("branch_tokens", allowed), allowed) if record else allowed
 
 
 def _records_of(data) -> list[dict]:

@@ -130,8 +130,13 @@ def decoding_lines(d: dict | None) -> list[str]:
     if b := d.get("lookup_branch"):
         steps = max(b["steps"], 1)
         lines.append(
-            f"- prompt-lookup branch: up to {b['tokens']} tokens merged into the tree (lookup_tokens; "
-            f"{'in' if d.get('tuned_for_lookup') else 'not in'} the tuner's prediction): added nodes in "
+            f"- prompt-lookup branch: up to {b['tokens']} tokens merged into the tree ("
+            + (
+                f"the tuner's length, of lookup_tokens={b['allowed']}"
+                if b.get("allowed", b["tokens"]) != b["tokens"]
+                else f"lookup_tokens; {'in' if d.get('tuned_for_lookup') else 'not in'} the tuner's prediction"
+            )
+            + f"): added nodes in "
             f"{b['added'] / steps:.0%} of steps, gave the accepted path in {b['won'] / steps:.0%}"
         )
     if "predicted_speedup" not in d:

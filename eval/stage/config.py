@@ -65,7 +65,8 @@ class EvalConfig:
     tuner: TunerConfig = field(default_factory=TunerConfig)  # tuner.mode=off: the hand-set defaults above
     # medusa / eagle / eagle3: up to this many prompt-lookup tokens merged into the drafter's tree each step, on
     # top of the tuner's (or the user's) tree (eval/engine/proposers/lookup_branch.py); 0 = off. The tuner
-    # chooses its tree for the branch (eval/tuning/speed_model.py models it)
+    # chooses its tree and the branch's length (0 to this many) together (eval/tuning/speed_model.py models
+    # both); with the user's tree or tuner.mode=off the branch is this long
     lookup_tokens: int = 0
     draft: str = ""  # method=draft: the draft model (Hub id, folder or .gguf), same tokenizer as the target
     # a trained drafter's layers on CPU: auto = int8 weights where the drafter names them (models/int8.py: the draft

@@ -35,6 +35,7 @@ from headstart.hardware import DtypeChoice, announce, machine_facts, resolve_dty
 from headstart.models import registry
 from headstart.models.backbone import Backbone, BackboneConfig, eos_token_ids, load_backbone
 from headstart.models.checkpoint import LoadedDrafter, find_checkpoints, load_drafter, step_of
+from headstart.models.decoding import branch_tokens
 from headstart.models.export.serve_card import find_serve_check
 from headstart.models.int8 import for_decoding
 
@@ -145,9 +146,11 @@ class Evaluator:
             plain = Decoder(backbone, VANILLA, max_cache_len=cfg.max_cache_len, compile=cfg.compile)
             return Side(method, plain, settings, out_dir)
         options |= tuned.record["decoder"] if tuned else {}
-        # lookup_tokens: on the tree chosen above (for it); the decoder refuses a tree-less method
+        # the lookup branch on the tree chosen above, as long as the tuner chose (at most lookup_tokens); the
+        # decoder refuses a tree-less method
         decoder = build_decoder(method, backbone, loaded, max_cache_len=cfg.max_cache_len,
-                                lookup_tokens=cfg.lookup_tokens, compile=cfg.compile, **options)  # fmt: skip
+                                lookup_tokens=branch_tokens(tuned and tuned.record, cfg.lookup_tokens), compile=cfg.compile,
+                                **options)  # fmt: skip
         return Side(method, decoder, settings, out_dir)
 
     def tune(self, method: str, backbone: Backbone, loaded: LoadedDrafter) -> Tuned | None:
@@ -277,9 +280,17 @@ class Evaluator:
                 dict(zip(("window", "ngram", "guesses"), la.options.resolved())) | la.counts
             )
         plain = settings.get("tuner") is not None and settings["tuner"].plain
-        if cfg.lookup_tokens and not side.baseline and not plain:  # steps the branch added nodes / gave the
-            # accepted path, over every decode of the run (warm-up and timing rounds included)
-            settings["lookup_branch"] = {"tokens": cfg.lookup_tokens, **side.decoder.proposer.counts}
+        tuned = settings.get("tuner")
+        tokens = branch_tokens(tuned and tuned.record, cfg.lookup_tokens)
+        if (
+            tokens and not side.baseline and not plain
+        ):  # steps the branch added nodes / gave the accepted path,
+            # over every decode of the run (warm-up and timing rounds included)
+            settings["lookup_branch"] = {
+                "tokens": tokens,
+                "allowed": cfg.lookup_tokens,
+                **side.decoder.proposer.counts,
+            }
         report["decoding"] = decoding_report(settings, report, per_turn)
         report["compile"] = compile_entry(cfg.compile, side.decoder.runner.compiled, report["speedup"], eager)
         if plain:  # the headline: the drafter was not used, and why

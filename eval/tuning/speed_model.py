@@ -22,8 +22,10 @@ tuner's probe, step by step rather than by a table: each probe step records the 
 accepted, how many of the lookup chain's tokens it would have accepted, and where the chain ran inside the probe
 tree. For a candidate tree, a step accepts the longer of its own path and the chain (both are root paths of one
 trie), and the chain adds the nodes the tree does not already hold; the gain is its mean over the probe's
-steps, the step cost the mean of the costs at the widths the steps had, and the search's cost is added. Pure functions: no timing happens here
-(eval/tuning/tuner.py measures).
+steps, the step cost the mean of the costs at the widths the steps had, and the search's cost is added. The
+branch's length is a choice like the tree: a chain cut to n tokens accepts at most n and adds at most n nodes
+(`up_to`), so `rank_with_branch` scores every length up to the eval's `lookup_tokens`, none included. Pure
+functions: no timing happens here (eval/tuning/tuner.py measures).
 """
 
 from __future__ import annotations
@@ -124,6 +126,14 @@ class Branch:
     search_s: float
 
 
+def up_to(steps: list[LookupStep], n: int) -> list[LookupStep]:
+    """The probe's steps as a branch of at most `n` lookup tokens would have seen them (the chain's first n)."""
+    return [
+        LookupStep(s.accepted, min(s.lookup_accepted, n), s.chain_in_tree[:n], min(s.chain_len, n))
+        for s in steps
+    ]
+
+
 def branch_effect(tree: Tree, steps: list[LookupStep]) -> tuple[float, dict[int, float]]:
     """(extra tokens accepted per step, {verify nodes the branch adds: fraction of steps}) that a lookup branch
     gives `tree`, over the probe's steps. The nodes come as a distribution, not a mean: the branch adds its
@@ -174,6 +184,27 @@ def rank(
     scored = [(s, predict(s, acc, costs, branch)) for s in settings]
     order = sorted(
         range(len(scored)), key=lambda i: (-scored[i][1]["tokens_per_s"], scored[i][0].tree.size, i)
+    )
+    return [scored[i] for i in order]
+
+
+def rank_with_branch(
+    settings: list[Setting], acc: list[list[float]], costs: Costs, branch: Branch, max_tokens: int
+) -> list[tuple[Setting, dict]]:
+    """Like `rank`, over every setting with a lookup branch of 0 (none, no search) to `max_tokens` tokens; each
+    prediction names its length (`branch_tokens`). Ties: the smaller tree, then the shorter branch."""
+    scored = []
+    for n in range(max_tokens + 1):
+        cut = Branch(up_to(branch.steps, n), branch.search_s) if n else None
+        scored += [(s, predict(s, acc, costs, cut) | {"branch_tokens": n}) for s in settings]
+    order = sorted(
+        range(len(scored)),
+        key=lambda i: (
+            -scored[i][1]["tokens_per_s"],
+            scored[i][0].tree.size,
+            scored[i][1]["branch_tokens"],
+            i,
+        ),
     )
     return [scored[i] for i in order]
 

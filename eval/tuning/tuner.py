@@ -31,15 +31,23 @@ from headstart.eval.engine.proposers.prompt_lookup import MAX_NGRAM, find_candid
 from headstart.eval.engine.tree import Tree, chain_tree
 from headstart.eval.timing.bounds import step_costs
 from headstart.eval.tuning.prompts import DEFAULT_TUNING_PROMPTS
-from headstart.eval.tuning.speed_model import Branch, Costs, LookupStep, non_decreasing, rank
+from headstart.eval.tuning.speed_model import (
+    Branch,
+    Costs,
+    LookupStep,
+    non_decreasing,
+    rank,
+    rank_with_branch,
+)
 from headstart.models.checkpoint import LoadedDrafter
 
 log = logging.getLogger("headstart.eval")
 # 2: the lookup branch the tree was chosen for; 3: its step cost over the branch's widths; 4: tuned on prompts
 # apart from the scored ones, at the eval's temperature class, for a stated thread count, plain decoding a choice;
 # 5: compiled steps priced over cache-length buckets (eval/engine/runner.py), not the whole preallocated cache;
-# 6: steps priced at the probe's median sequence, not its first (a compiled step's cost depends on the bucket)
-VERSION = 6
+# 6: steps priced at the probe's median sequence, not its first (a compiled step's cost depends on the bucket);
+# 7: the lookup branch's length chosen too (`branch_tokens`, up to the eval's lookup_tokens)
+VERSION = 7
 LOOKUP_KEY = "lookup search"  # the branch's cost, timed beside the drafter's settings
 # verify widths timed (up to max_width); compiled, each width compiles once (minutes on a CPU): fewer of them,
 # the costs between interpolated
@@ -355,11 +363,14 @@ def _acceptance(cfg: TunerConfig, hooks, m: Measured, use: Use) -> tuple[list[li
     return acc, source
 
 
-def _summary(setting: Setting) -> dict:
+def _summary(setting: Setting, pred: dict) -> dict:
     tree = setting.tree
-    return {"verify_width": tree.size, "depth": tree.max_depth, "nodes": tree.size - 1} | {
-        k: v for k, v in setting.options.items() if k != "tree"
-    }
+    branch = {"branch_tokens": pred["branch_tokens"]} if "branch_tokens" in pred else {}
+    return (
+        {"verify_width": tree.size, "depth": tree.max_depth, "nodes": tree.size - 1}
+        | branch
+        | {k: v for k, v in setting.options.items() if k != "tree"}
+    )
 
 
 def decide(ranked: list[tuple[Setting, dict]]) -> tuple[str, str]:
@@ -370,7 +381,7 @@ def decide(ranked: list[tuple[Setting, dict]]) -> tuple[str, str]:
         return SPECULATE, f"predicted {pred['speedup']:.3f}x over plain decoding"
     return PLAIN, (
         f"no setting is predicted faster than plain decoding: the best of {len(ranked)} "
-        f"({_summary(best)}) at {pred['speedup']:.3f}x"
+        f"({_summary(best, pred)}) at {pred['speedup']:.3f}x"
     )
 
 
@@ -404,19 +415,25 @@ def tune(
     costs = m.costs
     costs.draft = time_calls(calls, cfg.reps, backbone.device)
     branch = Branch(m.branch_steps, costs.draft.pop(LOOKUP_KEY)) if use.lookup_tokens else None
-    ranked, ranked_k = rank(settings, acc, costs, branch), rank(chains, acc, costs)
+    ranked = (
+        rank_with_branch(settings, acc, costs, branch, use.lookup_tokens)
+        if branch
+        else rank(settings, acc, costs)
+    )
+    ranked_k = rank(chains, acc, costs)
     (best, pred), (chain, chain_pred) = ranked[0], ranked_k[0]
     choice, reason = decide(ranked)
-    top = [{"summary": _summary(s) | {"width": s.tree.size}, **p} for s, p in ranked[:5]]
+    top = [{"summary": _summary(s, p) | {"width": s.tree.size}, **p} for s, p in ranked[:5]]
     vanilla = {"vanilla_tokens_per_s": 1 / costs.vanilla_step(), "prefill_vanilla_steps": costs.prefill / costs.vanilla_step()}  # fmt: skip
     return {
         "version": VERSION,
         "method": method,
-        "lookup_tokens": use.lookup_tokens,
+        "lookup_tokens": use.lookup_tokens,  # the condition: the longest branch the eval allows
+        "branch_tokens": pred.get("branch_tokens", 0),  # the branch length chosen with the tree (0: none)
         "choice": choice,  # plain: the eval decodes plainly; `decoder` is then the best setting it turned down
         "choice_reason": reason,
         "decoder": best.options,
-        "decoder_summary": _summary(best),
+        "decoder_summary": _summary(best, pred),
         "predicted": pred | vanilla,
         "vllm": {"num_speculative_tokens": chain.tree.size - 1, **chain_pred},
         "top": top,

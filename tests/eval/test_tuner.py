@@ -21,7 +21,9 @@ from headstart.eval.tuning.speed_model import (
     non_decreasing,
     predict,
     rank,
+    rank_with_branch,
     speedup_at,
+    up_to,
 )
 from headstart.eval.tuning.tuner import ProbeStep, acceptance_table, count_path, lookup_steps
 from headstart.models.decoding import DECODING_NAME, read_decoding, write_decoding
@@ -131,6 +133,37 @@ def test_a_branch_costs_the_mean_of_its_widths_not_the_width_of_its_mean():
     chain2 = tree_from_paths([[0], [0, 0]])
     pred = predict(Setting({}, chain2, "d"), [[0.5], [0.5]], costs, Branch(steps, search_s=0.0))
     assert pred["step_ms"] == pytest.approx(1000 * (1.0 + 2.0) / 2)  # not c(3 + 2) = 1.0
+
+
+def test_the_branch_length_is_chosen_from_what_each_length_gains_and_costs():
+    chain2, acc = tree_from_paths([[0], [0, 0]]), [[0.5], [0.5]]  # 1.75 tokens a step on its own
+    assert up_to(STEPS, 1) == [
+        LookupStep((0, 0), 1, (0,), 1),
+        LookupStep((1,), 1, (), 1),
+        LookupStep((), 0, (), 0),
+    ]
+    assert up_to(STEPS, 5) == STEPS
+    # verify costs 1 up to width 4, 3 from width 5: a 1-token branch keeps every step at width <= 4 (+1/3 token
+    # for 1 step in 1), 2 tokens reach width 5 on a third of the steps (+2/3 for 5/3), 3 on two thirds (+1 for 7/3)
+    steep = Costs(verify={1: 1.0, 4: 1.0, 5: 3.0, 8: 3.0}, draft={"d": 0.0}, bookkeeping={1: 0.0})
+    ranked = rank_with_branch([Setting({}, chain2, "d")], acc, steep, Branch(STEPS, search_s=0.0), 3)
+    by_length = {p["branch_tokens"]: p["tokens_per_s"] for _, p in ranked}
+    assert by_length == pytest.approx(
+        {0: 1.75, 1: 1.75 + 1 / 3, 2: (1.75 + 2 / 3) / (5 / 3), 3: 2.75 / (7 / 3)}
+    )
+    assert ranked[0][1]["branch_tokens"] == 1
+    assert "lookup_gain" not in next(p for _, p in ranked if p["branch_tokens"] == 0)
+    # flat costs: every token of the chain is worth its node, the whole branch wins; a search that costs more
+    # than the branch gains leaves no branch at all
+    flat = Costs(verify={1: 1.0, 8: 1.0}, draft={"d": 0.0}, bookkeeping={1: 0.0})
+    assert (
+        rank_with_branch([Setting({}, chain2, "d")], acc, flat, Branch(STEPS, 0.0), 3)[0][1]["branch_tokens"]
+        == 3
+    )
+    assert (
+        rank_with_branch([Setting({}, chain2, "d")], acc, flat, Branch(STEPS, 1.0), 3)[0][1]["branch_tokens"]
+        == 0
+    )
 
 
 def test_lookup_steps_read_the_probe_as_a_branch_would():
@@ -249,10 +282,25 @@ def test_eval_uses_the_tuned_settings_and_user_options_win(ckpt, prompts, tmp_pa
         TunerConfig(mode="sometimes")
 
 
-@pytest.mark.usefixtures("speculation_pays")
+@pytest.fixture
+def lookup_pays(monkeypatch):
+    """The probe's steps as if a 3-token lookup chain had matched and been accepted at every one (the tiny
+    model's probe rarely repeats itself), so that the tuner keeps the whole branch."""
+    from headstart.eval.tuning import tuner
+
+    real = tuner.lookup_steps
+
+    def every_step_matches(groups, sequences):
+        return [LookupStep(s.accepted, 3, (), 3) for s in real(groups, sequences)]
+
+    monkeypatch.setattr(tuner, "lookup_steps", every_step_matches)
+
+
+@pytest.mark.usefixtures("speculation_pays", "lookup_pays")
 def test_a_lookup_branch_rides_on_the_tuned_tree(ckpt, prompts, tmp_path):
-    """lookup_tokens does not turn the tuner off: the tree is the tuner's, the branch is added on top, and the
-    report's decoding section says so; a method without a tree refuses it in one line."""
+    """lookup_tokens does not turn the tuner off: the tree is the tuner's, the branch (of the length the tuner
+    chose, at most lookup_tokens) is added on top, and the report's decoding section says so; a method without
+    a tree refuses it in one line."""
     from headstart.eval.errors import EvalError
     from headstart.eval.stage.config import EvalConfig
 
@@ -269,6 +317,19 @@ def test_a_lookup_branch_rides_on_the_tuned_tree(ckpt, prompts, tmp_path):
     assert {"lookup_gain", "lookup_nodes"} <= set(saved["predicted"])
     md = (tmp_path / "a" / "report.md").read_text()
     assert "prompt-lookup branch: up to 3 tokens merged into the tree (lookup_tokens; in the tuner's" in md
+    assert saved["branch_tokens"] == 3  # every step gains its whole chain and widths cost the same
+    # a shorter length in the record is what the decoder gets, and the report says whose it is
+    write_decoding(ckpt, {**saved, "branch_tokens": 1})
+    short = _eval(ckpt, prompts, tmp_path / "short", lookup_tokens=3)
+    assert short["decoding"]["reused"] is True and short["decoding"]["lookup_branch"]["tokens"] == 1
+    assert short["timing"]["verify_width"] == saved["decoder_summary"]["verify_width"] + 1
+    md = (tmp_path / "short" / "report.md").read_text()
+    assert "up to 1 tokens merged into the tree (the tuner's length, of lookup_tokens=3)" in md
+    write_decoding(ckpt, {**saved, "branch_tokens": 0})  # none pays: no branch, no section
+    none = _eval(ckpt, prompts, tmp_path / "none", lookup_tokens=3)
+    assert "lookup_branch" not in none["decoding"]
+    assert none["timing"]["verify_width"] == saved["decoder_summary"]["verify_width"]
+    write_decoding(ckpt, saved)
     # a choice made for the branch is not reused without it (and the other way round)
     plain = _eval(ckpt, prompts, tmp_path / "b")["decoding"]
     assert "lookup_branch" not in plain and plain["reused"] is False  # off by default
