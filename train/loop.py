@@ -342,6 +342,16 @@ class Meters:
     speed: Throughput = field(default_factory=Throughput)
 
 
+# the first draft position's training accuracy by method: Medusa's / EAGLE's first head or step, DistillSpec's
+# draft argmax against the target's
+FIRST_POSITION = {"train/head0/top1": "acc0", "train/top1_match": "top1"}
+
+
+def first_position_accuracy(logs: dict) -> dict:
+    """The progress bar's accuracy field: named for what the method logs, absent when it logs none."""
+    return {name: f"{logs[key]:.2f}" for key, name in FIRST_POSITION.items() if key in logs}
+
+
 def after_step(run: Run, step: int, meters: Meters, bar, last_eval: dict) -> dict:
     """Log, evaluate (loss metrics, then the quick eval's measured tau) and save, each on its own cadence and
     at the last step. -> the latest evaluation."""
@@ -352,7 +362,7 @@ def after_step(run: Run, step: int, meters: Meters, bar, last_eval: dict) -> dic
         logs |= progress(step, t, acc.num_processes, len(run.train_dl))
         meters.sums = MetricSums()
         acc.log(logs, step=step)
-        bar.set_postfix(loss=f"{logs['train/loss']:.3f}", acc0=f"{logs.get('train/head0/top1', 0):.2f}")
+        bar.set_postfix(loss=f"{logs['train/loss']:.3f}", **first_position_accuracy(logs))
     if step % t.eval_every == 0 or step == t.max_steps:
         last_eval = evaluate(acc, run.step_fn, run.backbone, run.drafter, run.eval_dl, t.eval_batches)
         acc.log(last_eval, step=step)
