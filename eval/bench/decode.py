@@ -275,8 +275,10 @@ def run_name(checkpoint: str) -> str:
 def drafter_decoders(args, checkpoint: str, backbone: Backbone, kw: dict, tuned: dict) -> dict:
     """The checkpoint's drafter, one row per --draft-weights mode, each without and (--lookup-tokens > 0)
     with its prompt-lookup branch, on the checkpoint's tuned tree (`tuned`: its decoding record) or --tree-nodes.
-    With several checkpoints each row names its run (the folder above `drafter/`)."""
+    With several checkpoints (or a --draft model beside one) each row names its run (the folder above
+    `drafter/`)."""
     from headstart.eval.engine.decoder import build_decoder
+    from headstart.eval.engine.proposers import TREE_METHODS
     from headstart.models import registry
     from headstart.models.checkpoint import LoadedDrafter, load_drafter
     from headstart.models.int8 import for_decoding
@@ -288,10 +290,10 @@ def drafter_decoders(args, checkpoint: str, backbone: Backbone, kw: dict, tuned:
         proposer = registry.proposer_of(loaded.meta["method"])
         weights = for_decoding(loaded.drafter, backbone.device, mode)
         name = f"ours {proposer}" + (f" ({weights})" if len(args.draft_weights) > 1 else "")
-        if len(args.checkpoint) > 1:
+        if len(args.checkpoint) > 1 or args.draft:  # told apart from each other and from --draft's row
             name += f" [{run_name(checkpoint)}]"
         out[name] = build_decoder(proposer, backbone, loaded, **kw, **opts)
-        if args.lookup_tokens:
+        if args.lookup_tokens and proposer in TREE_METHODS:  # a draft model has no tree to carry the branch
             out[f"{name} + lookup {args.lookup_tokens}"] = build_decoder(
                 proposer, backbone, loaded, **kw, **opts, lookup_tokens=args.lookup_tokens
             )

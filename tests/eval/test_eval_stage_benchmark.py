@@ -84,10 +84,12 @@ def test_draft_weights_rows_side_by_side(tmp_path):
 
 
 def test_several_drafters_in_one_table(tmp_path):
-    """--checkpoint A B: a Medusa and an EAGLE-3 drafter of one backbone, a row each named by its run, timed in
-    the same rounds, both lossless; two drafters in same-named run folders are refused in one line."""
+    """--checkpoint A B C: a Medusa, an EAGLE-3 and a DistillSpec drafter of one backbone, a row each named by its
+    run (the tree drafters also with their lookup branch; the draft model has no tree to carry one), timed in
+    the same rounds, all lossless; two drafters in same-named run folders are refused in one line."""
     from headstart.models.backbone import BackboneConfig, load_backbone
     from headstart.models.checkpoint import build_drafter, save_drafter
+    from headstart.models.distill import DistillConfig
     from headstart.models.eagle_config import Eagle3Config
     from headstart.models.medusa import MedusaConfig
 
@@ -102,11 +104,16 @@ def test_several_drafters_in_one_table(tmp_path):
     medusa = save_drafter(
         tmp_path / "heads" / "drafter", build_drafter("medusa", medusa_cfg, bb), "medusa", medusa_cfg, cfg, bb
     )
-    argv = ["--checkpoint", str(medusa), str(eagle), "--n", "2", "--max-new-tokens", "8", "--device", "cpu",
-            "--budget-s", "0", "--lookup-tokens", "0", "--no-hf"]  # fmt: skip
+    distill_cfg = DistillConfig(keep_layers=[0])
+    draft = save_drafter(
+        tmp_path / "ds" / "drafter", build_drafter("distillspec", distill_cfg, bb), "distillspec", distill_cfg, cfg, bb
+    )
+    argv = ["--checkpoint", str(medusa), str(eagle), str(draft), "--n", "2", "--max-new-tokens", "8", "--device",
+            "cpu", "--budget-s", "0", "--lookup-tokens", "2", "--no-hf"]  # fmt: skip
     rows = {r["method"]: r for r in main(argv)}
-    assert list(rows) == ["ours vanilla", "ours medusa [heads]", "ours eagle3 [e3]", "ours prompt_lookup",
-                          "ours lookahead"]  # fmt: skip
+    assert list(rows) == ["ours vanilla", "ours medusa [heads]", "ours medusa [heads] + lookup 2",
+                          "ours eagle3 [e3]", "ours eagle3 [e3] + lookup 2", "ours draft [ds]",
+                          "ours prompt_lookup", "ours lookahead"]  # fmt: skip
     assert all(r["matches_ours_vanilla"] == 1.0 for r in rows.values())
     twin = save_drafter(
         tmp_path / "x" / "heads", build_drafter("medusa", medusa_cfg, bb), "medusa", medusa_cfg, cfg, bb
