@@ -106,7 +106,12 @@ def test_several_drafters_in_one_table(tmp_path):
     )
     distill_cfg = DistillConfig(keep_layers=[0])
     draft = save_drafter(
-        tmp_path / "ds" / "drafter", build_drafter("distillspec", distill_cfg, bb), "distillspec", distill_cfg, cfg, bb
+        tmp_path / "ds" / "drafter",
+        build_drafter("distillspec", distill_cfg, bb),
+        "distillspec",
+        distill_cfg,
+        cfg,
+        bb,
     )
     argv = ["--checkpoint", str(medusa), str(eagle), str(draft), "--n", "2", "--max-new-tokens", "8", "--device",
             "cpu", "--budget-s", "0", "--lookup-tokens", "2", "--no-hf"]  # fmt: skip
