@@ -212,8 +212,8 @@ def ckpt(tmp_path):
 
 @pytest.fixture
 def speculation_pays(monkeypatch):
-    """The tuner's timings as on a device where a verify forward of any width costs one step and drafting (and
-    the lookup branch's search) is nearly free, so that it speculates on the tiny model whatever the host's load (on this CPU's real costs it rightly chooses plain
+    """The tuner's timings as on a device where a verify forward of any width costs one step, drafting (and
+    the lookup branch's search) is nearly free and bookkeeping costs what plain decoding's does, so that it speculates on the tiny model whatever the host's load (on this CPU's real costs it rightly chooses plain
     decoding: tests/eval/test_tuner_records.py)."""
     from headstart.eval.tuning import tuner
 
@@ -228,8 +228,16 @@ def speculation_pays(monkeypatch):
             k: min(t, 1e-6) for k, t in real_calls(calls, reps, device).items()
         }  # search too, or load decides
 
+    real_probe = tuner._probe
+
+    def even_bookkeeping(*args, **kw):  # a loaded host timed the tree's bookkeeping above plain's: plain won
+        run = real_probe(*args, **kw)
+        run.bookkeeping = dict.fromkeys(run.bookkeeping, run.bookkeeping[1])
+        return run
+
     monkeypatch.setattr(tuner, "step_costs", flat)
     monkeypatch.setattr(tuner, "time_calls", cheap)
+    monkeypatch.setattr(tuner, "_probe", even_bookkeeping)
 
 
 @pytest.fixture
