@@ -31,6 +31,7 @@ import torch
 from tqdm import tqdm
 
 from headstart.errors import exit_on_user_error
+from headstart.eval.bench.plot import plot_bench
 from headstart.eval.engine.compiled import COMPILE_MODES
 from headstart.eval.engine.proposers.lookahead import LookaheadOptions
 from headstart.eval.errors import EvalError
@@ -96,7 +97,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "oat16 on CUDA) | float32 | bfloat16 | float16 | '' (the checkpoint's)")  # fmt: skip
     p.add_argument("--device", default="auto")
     p.add_argument("--warmup", type=int, default=1, help="prompts run untimed through every method first")
-    p.add_argument("--out", default="", help="folder for bench.json and bench.md")
+    p.add_argument("--out", default="", help="folder for bench.json, bench.md and bench.png")
     p.add_argument("--budget-s", type=float, default=60.0, help="seconds of repeated rounds (0: one round)")
     p.add_argument(
         "--rel-ci", type=float, default=0.05, help="stop once every ratio's 95%% CI is within this"
@@ -489,6 +490,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         out.mkdir(parents=True, exist_ok=True)
         (out / "bench.json").write_text(json.dumps({"settings": settings, "rows": rows, **extra}, indent=2))
         (out / "bench.md").write_text(text)
+        facts = machine_facts(device)
+        where = facts["device_name"] if device.type == "cuda" else f"{facts['cpu']} ({facts['isa']})"
+        title = f"{bcfg.name}, {bcfg.dtype}, {where}, {torch.get_num_threads()} threads"
+        plot_bench(rows, title, out / "bench.png")
     return rows
 
 

@@ -31,6 +31,7 @@ def test_benchmark_rows_on_tiny(tmp_path):
     assert saved["conditions"]["threads"] >= 1 and saved["conditions"]["load_avg_after"] is not None
     assert saved["timing"]["pairs"] >= 2 and all(len(r["speedup_ci"]) == 2 for r in saved["rows"])
     assert len(saved["rows"]) == 7 and "| HF assisted |" in (out / "bench.md").read_text()
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the table as a plot
     # ours: per-token latency and memory beside vanilla's; the draft LM is a second tiny model of known size
     for name in ("ours vanilla", "ours prompt_lookup", "ours lookahead", "ours draft"):
         lat, mem = rows[name]["token_latency_ms"], rows[name]["memory"]
