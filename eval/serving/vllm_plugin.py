@@ -15,17 +15,22 @@ environment; `pip install --no-deps headstart` is enough, it imports nothing but
     vllm serve BACKBONE --speculative-config '{"method": "eagle3", "model": DRAFTER, "num_speculative_tokens": 4}' \
         --additional-config '{"headstart_lookup": {"min_match": 2, "drafter_tokens": 2}}' --no-async-scheduling
 
-A Medusa drafter is stateless, so for it the lookup comes first: the heads run only when some request of the
-step has no match long enough, and then only the first `drafter_tokens` of them (`drafter_tokens: 0`: never; the
-hybrid is then vLLM's `ngram`). In vLLM's CPU build four heads over a truncated vocabulary cost a few percent of a
-plain step, spent every step when the drafter always runs. An EAGLE drafter keeps a KV cache that must follow
-every step, so it always runs and its drafts are replaced afterwards.
+The lookup comes first, per request, and the drafter runs only as far as the step needs it. A Medusa drafter is
+stateless: its heads run only when some request of the step has no match long enough, and then only the first
+`drafter_tokens` of them (`drafter_tokens: 0`: never; the hybrid is then vLLM's `ngram`). In vLLM's CPU build four
+heads over a truncated vocabulary cost a few percent of a plain step, spent every step when the drafter always
+runs. An EAGLE drafter (or a draft model) keeps a KV cache that must follow every step, so it always makes its
+first pass (the one that reads the step's accepted tokens), and its further passes, one per draft, only up to
+`drafter_tokens` and only when some request needs its drafts: a lookup chain of 4 behind a drafter's chain of 2
+no longer costs 4 drafter passes a step.
 
-Without `headstart_lookup` in the additional config the plugin changes nothing. It patches three methods of vLLM
+Without `headstart_lookup` in the additional config the plugin changes nothing. It patches four methods of vLLM
 (the model runner's `propose_draft_token_ids` and `take_draft_token_ids`, where a step's drafts are made and
-leave for the scheduler, and MedusaProposer.propose, to run fewer heads) and is written for the vLLM version in
-SUPPORTED_VLLM: another version, asynchronous scheduling (drafts then bypass those methods) or no speculative
-config is refused at engine start with one line.
+leave for the scheduler; MedusaProposer.propose, to run fewer heads; SpecDecodeBaseProposer.propose, the EAGLE
+and draft-model proposers' loop, to make fewer passes) and is written for the vLLM version in SUPPORTED_VLLM:
+another version, asynchronous scheduling (drafts then bypass those methods), probabilistic drafts (the verifier
+would read the drafter's probabilities for tokens the lookup chose) or no speculative config is refused at
+engine start with one line.
 """
 
 from __future__ import annotations
@@ -122,6 +127,11 @@ def _check_engine(vllm_config, version: str) -> dict | None:
             f"{CONFIG_KEY}.drafter_tokens={cfg['drafter_tokens']} exceeds num_speculative_tokens="
             f"{spec.num_speculative_tokens} (the lookup chain's length). Fix: drafter_tokens <= num_speculative_tokens"
         )
+    if getattr(spec, "draft_sample_method", "greedy") != "greedy":
+        raise RuntimeError(
+            f"{CONFIG_KEY} needs point-mass drafts (draft_sample_method={spec.draft_sample_method!r} verifies the "
+            "drafter's probabilities, which a lookup chain does not have). Fix: draft_sample_method 'greedy'"
+        )
     if vllm_config.scheduler_config.async_scheduling:
         raise RuntimeError(
             f"{CONFIG_KEY} needs synchronous scheduling (asynchronous drafts bypass the plugin). "
@@ -145,10 +155,14 @@ def _apply(runner, drafts) -> None:
         drafts.draft_token_ids[i] = chosen
 
 
-def _lookup_first(runner, k: int, sampled_token_ids: list, run_drafter) -> list[list[int]]:
-    """A stateless drafter's step, per batch row: the lookup chain when long enough, else the drafter's first
-    `drafter_tokens`, the drafter run (`run_drafter(d)` -> rows of d drafts) only when some row needs it; a row
-    that sampled nothing this step (mid-prefill) drafts nothing, as in vLLM's `ngram`."""
+def _lookup_first(
+    runner, k: int, sampled_token_ids: list, run_drafter, stateful: bool = False
+) -> list[list[int]]:
+    """A step's drafts, per batch row: the lookup chain when long enough, else the drafter's first
+    `drafter_tokens`, the drafter run (`run_drafter(d)` -> rows of d drafts) only when some row needs it. A
+    `stateful` drafter (a KV cache that follows every step: EAGLE, a draft model) runs every step, one pass when
+    no row needs its drafts. A row that sampled nothing this step (mid-prefill) drafts nothing, as in vLLM's
+    `ngram`."""
     cfg, batch = runner._headstart_lookup, runner.input_batch
     d = k if cfg["drafter_tokens"] is None else cfg["drafter_tokens"]
     chains: list[list[int] | None] = []
@@ -161,7 +175,8 @@ def _lookup_first(runner, k: int, sampled_token_ids: list, run_drafter) -> list[
         chain = lookup(batch.token_ids_cpu[row, :length], room, cfg["min_match"], cfg["max_ngram"])
         runner._headstart_counts[chain is not None] += 1
         chains.append(chain)
-    drafted = run_drafter(d) if d and any(chain is None for chain in chains) else None
+    needed = d > 0 and any(chain is None for chain in chains)
+    drafted = run_drafter(d if needed else 1) if stateful else run_drafter(d) if needed else None
     return [
         chain if chain is not None else (drafted[row][:d] if drafted is not None else [])
         for row, chain in enumerate(chains)
@@ -171,6 +186,7 @@ def _lookup_first(runner, k: int, sampled_token_ids: list, run_drafter) -> list[
 def register() -> None:
     """vLLM's general-plugin hook: runs in every vLLM process; patches the model runner once."""
     import vllm
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
     from vllm.v1.spec_decode.medusa import MedusaProposer
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -178,6 +194,7 @@ def register() -> None:
         return
     init, take = GPUModelRunner.__init__, GPUModelRunner.take_draft_token_ids
     propose, medusa_propose = GPUModelRunner.propose_draft_token_ids, MedusaProposer.propose
+    base_propose = SpecDecodeBaseProposer.propose
 
     def __init__(self, vllm_config, *args, **kwargs):
         init(self, vllm_config, *args, **kwargs)
@@ -190,20 +207,24 @@ def register() -> None:
 
     def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args, **kwargs):
         self._headstart_drafted = False
-        # a stateless drafter (Medusa's heads) can be skipped: the lookup goes first; any other runs every step
-        if not self._headstart_lookup or not isinstance(self.drafter, MedusaProposer):
+        # the lookup goes first; Medusa's heads (stateless) can be skipped, an EAGLE drafter or a draft model
+        # makes its first pass every step; any other drafter runs as vLLM runs it, its drafts replaced after
+        # (parallel drafting, DFlash's, makes every draft in one pass: it keeps vLLM's own way)
+        stateful = isinstance(self.drafter, SpecDecodeBaseProposer) and not self.drafter.parallel_drafting
+        if not self._headstart_lookup or not (stateful or isinstance(self.drafter, MedusaProposer)):
             return propose(self, scheduler_output, sampled_token_ids, *args, **kwargs)
 
-        def run_drafter(heads: int) -> list[list[int]]:
-            self.drafter._headstart_heads = heads
+        def run_drafter(tokens: int) -> list[list[int]]:
+            self.drafter._headstart_tokens = tokens
             try:
-                return propose(self, scheduler_output, sampled_token_ids, *args, **kwargs).tolist()
+                drafted = propose(self, scheduler_output, sampled_token_ids, *args, **kwargs)
             finally:
-                self.drafter._headstart_heads = None
+                self.drafter._headstart_tokens = None
+            return drafted.tolist() if torch.is_tensor(drafted) else drafted
 
         k = scheduler_output.num_spec_tokens_to_schedule or self.speculative_config.num_speculative_tokens
         self._headstart_drafted = True
-        return _lookup_first(self, k, sampled_token_ids, run_drafter)
+        return _lookup_first(self, k, sampled_token_ids, run_drafter, stateful)
 
     def take_draft_token_ids(self):
         drafts = take(self)
@@ -212,15 +233,27 @@ def register() -> None:
         return drafts
 
     def medusa_heads(self, num_speculative_tokens, target_hidden_states, *args, **kwargs):
-        heads = getattr(self, "_headstart_heads", None)
+        heads = getattr(self, "_headstart_tokens", None)
         if heads is None:
             return medusa_propose(self, num_speculative_tokens, target_hidden_states, *args, **kwargs)
         blocks = [block(target_hidden_states) for block in self.model.blocks[:heads]]
         logits = self.model.compute_logits(blocks)
         return torch.stack([logit.argmax(dim=-1) for logit in logits], dim=1)
 
+    def fewer_passes(
+        self, *args, **kwargs
+    ):  # num_speculative_tokens: the first argument, by position or name
+        tokens = getattr(self, "_headstart_tokens", None)
+        if tokens is not None:
+            if args:
+                args = (tokens, *args[1:])
+            else:
+                kwargs["num_speculative_tokens"] = tokens
+        return base_propose(self, *args, **kwargs)
+
     GPUModelRunner.__init__ = __init__
     GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
     GPUModelRunner.take_draft_token_ids = take_draft_token_ids
     MedusaProposer.propose = medusa_heads
+    SpecDecodeBaseProposer.propose = fewer_passes
     GPUModelRunner._headstart_patched = True

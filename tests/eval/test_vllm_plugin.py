@@ -140,6 +140,39 @@ def test_a_stateless_drafter_runs_only_when_some_request_needs_it():
     assert drafter.calls == []  # drafter_tokens 0: lookup only, the heads never run
 
 
+def test_a_stateful_drafter_makes_one_pass_where_the_lookup_serves_every_request():
+    """EAGLE (a KV cache that follows every step) always runs, but only its first pass when every request took
+    its lookup chain, and only `drafter_tokens` passes when some request needs its drafts."""
+    matched, unmatched = [4, 5, 6, 7, 8, 4, 5], [1, 2, 3, 8, 9]
+    runner, drafter = lookup_first_runner(2, [matched, matched]), Drafter(2)
+    assert plugin._lookup_first(runner, 4, [[5], [5]], drafter, stateful=True) == [[6, 7, 8, 4], [6, 7, 8, 4]]
+    assert drafter.calls == [1]  # the pass that reads the accepted tokens, its draft unused
+    runner, drafter = lookup_first_runner(2, [unmatched, matched]), Drafter(2)
+    assert plugin._lookup_first(runner, 4, [[9], [5]], drafter, stateful=True) == [[10, 10], [6, 7, 8, 4]]
+    assert drafter.calls == [2]  # 2 passes for the kept drafts, not the 4 of the lookup chain's length
+    runner, drafter = lookup_first_runner(0, [unmatched, matched]), Drafter(2)
+    assert plugin._lookup_first(runner, 4, [[9], [5]], drafter, stateful=True) == [[], [6, 7, 8, 4]]
+    assert drafter.calls == [1]  # lookup only: still the one pass
+    runner, drafter = lookup_first_runner(None, [unmatched]), Drafter(1)
+    assert plugin._lookup_first(runner, 4, [[9]], drafter, stateful=True) == [[10, 10, 10, 10]]
+    assert drafter.calls == [4]  # drafter_tokens unset: all K
+
+
+def test_probabilistic_drafts_are_refused_at_start():
+    spec = SimpleNamespace(num_speculative_tokens=4, draft_sample_method="probabilistic")
+    config = SimpleNamespace(
+        additional_config={"headstart_lookup": {}},
+        speculative_config=spec,
+        scheduler_config=SimpleNamespace(async_scheduling=False),
+    )
+    with pytest.raises(
+        RuntimeError, match="draft_sample_method='probabilistic'.*Fix: draft_sample_method 'greedy'"
+    ):
+        plugin._check_engine(config, "0.32.0")
+    spec.draft_sample_method = "greedy"
+    assert plugin._check_engine(config, "0.32.0")["min_match"] == 1
+
+
 def test_lookup_chains_stop_at_the_models_length():
     runner = lookup_first_runner(None, [[4, 5, 6, 7, 8, 4, 5]], max_model_len=9)
     assert plugin._lookup_first(runner, 4, [[5]], Drafter(1)) == [[6, 7]]
