@@ -1,7 +1,7 @@
 """Benchmark our decoder against Hugging Face `generate` on the same prompts and model, interleaved per prompt.
 
     python eval/bench/decode.py --checkpoint DIR --prompts FILE --n 10 --max-new-tokens 128 --dtype bfloat16
-    python eval/bench/decode.py --checkpoint MEDUSA EAGLE3 DISTILL --prompts FILE   # several drafters, one table
+    python eval/bench/decode.py --checkpoint MEDUSA EAGLE3 DISTILL --prompts dev spec_bench  # one table
     python eval/bench/decode.py --backbone tiny --n 4          # no drafter: vanilla + the training-free methods
     python eval/bench/decode.py --backbone tiny --verify-costs  # verify cost by width, eager / compiled / roofline
 
@@ -67,7 +67,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--backbone", default="", help="backbone (Hub id, folder, .gguf, tiny); default: the checkpoint's"
     )
     p.add_argument("--draft", default="", help="draft model (same tokenizer) for ours draft + HF assisted")
-    p.add_argument("--prompts", default=DEFAULT_PROMPTS)
+    p.add_argument(
+        "--prompts",
+        nargs="+",
+        default=[DEFAULT_PROMPTS],
+        help="prompt files or shipped sets (dev, spec_bench), read as one set",
+    )
     p.add_argument("--n", type=int, default=10, help="prompts, taken round-robin over categories")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--num-draft-tokens", type=int, default=4, help="prompt lookup / draft tokens per step")
@@ -160,7 +165,7 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
-def pick_prompts(path: str, n: int) -> list[str]:
+def pick_prompts(path: str | list[str], n: int) -> list[str]:
     """First turns of n prompts, round-robin over categories so a small n still covers them."""
     by_cat: dict[str, list[str]] = {}
     for p in load_prompts(path).prompts:
@@ -475,6 +480,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "dtype": bcfg.dtype,
         "device": str(device),
         "prompts": len(prompts),
+        "prompt_sets": [Path(p).stem if Path(p).suffix else p for p in args.prompts],
         "max_new_tokens": args.max_new_tokens,
         "num_draft_tokens": args.num_draft_tokens,
         "lookup_tokens": args.lookup_tokens,

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def test_benchmark_rows_on_tiny(tmp_path):
     out = tmp_path / "bench"
     argv = ["--backbone", "tiny", "--draft", "tiny", "--n", "2", "--max-new-tokens", "12", "--device", "cpu",
-            "--budget-s", "2"]  # fmt: skip
+            "--budget-s", "2", "--prompts", "dev", "spec_bench"]  # fmt: skip
     rows = {r["method"]: r for r in main([*argv, "--out", str(out)])}
     assert list(rows) == ["ours vanilla", "ours prompt_lookup", "ours lookahead", "ours draft", "HF greedy",
                           "HF prompt_lookup", "HF assisted"]  # fmt: skip
@@ -28,6 +28,7 @@ def test_benchmark_rows_on_tiny(tmp_path):
     for r in rows.values():  # float32 greedy: every method reproduces our vanilla output
         assert r["matches_ours_vanilla"] == 1.0 and r["tau"] >= 1.0 and r["tokens_per_s"] > 0
     saved = json.loads((out / "bench.json").read_text())
+    assert saved["settings"]["prompt_sets"] == ["dev", "spec_bench"]  # read as one set
     assert saved["conditions"]["threads"] >= 1 and saved["conditions"]["load_avg_after"] is not None
     assert saved["timing"]["pairs"] >= 2 and all(len(r["speedup_ci"]) == 2 for r in saved["rows"])
     assert len(saved["rows"]) == 7 and "| HF assisted |" in (out / "bench.md").read_text()
