@@ -127,10 +127,13 @@ class Picked:
     note: str
 
 
-def pick(records: list[dict], greedy: bool = True, device: str | None = None) -> Picked | None:
+def pick(
+    records: list[dict], greedy: bool = True, device: str | None = None, compiled: bool | None = None
+) -> Picked | None:
     """The record for decoding greedily (or sampled) on `device` (a device type: cpu, cuda; None: any): the
     newest of that temperature class on that device, else the nearest (same class first, then same device,
-    then a record whose class was not recorded), said in `note`. None when there is no record."""
+    then a record whose class was not recorded), said in `note`; with `compiled` given, among those the ones
+    priced for that decoder (compiled or eager steps) first. None when there is no record."""
     if not records:
         return None
     want = GREEDY if greedy else SAMPLED
@@ -138,7 +141,8 @@ def pick(records: list[dict], greedy: bool = True, device: str | None = None) ->
     def score(i: int) -> tuple:
         c = {"temperature": UNKNOWN, **records[i].get("conditions", {})}
         same_dev = device is None or c.get("device") == device
-        return (c["temperature"] == want, same_dev, c["temperature"] == UNKNOWN, i)
+        same_kernels = compiled is None or bool(c.get("compiled")) == compiled
+        return (c["temperature"] == want, same_dev, c["temperature"] == UNKNOWN, same_kernels, i)
 
     best = max(range(len(records)), key=score)
     record = records[best]

@@ -253,11 +253,11 @@ def build_methods(args, backbone: Backbone, draft: Backbone | None, cache_len: i
     }  # every one of ours: the same kernels
     ours = {"ours vanilla": Decoder(backbone, "vanilla", **kw)}
     for checkpoint in args.checkpoint:
-        picked = pick(read_decodings(checkpoint), greedy=True, device=backbone.device.type)
+        compiled = kw["compile"] != "eager"
+        picked = pick(read_decodings(checkpoint), greedy=True, device=backbone.device.type, compiled=compiled)
         if picked:  # which record the tree comes from (a plain choice still benchmarks its declined tree)
             print(picked.note)
-        tuned = picked.record.get("decoder", {}) if picked else {}
-        ours |= drafter_decoders(args, checkpoint, backbone, kw, tuned)
+        ours |= drafter_decoders(args, checkpoint, backbone, kw, picked.record if picked else None)
     ours["ours prompt_lookup"] = Decoder(backbone, PromptLookupOptions(num_draft_tokens=k), **kw)
     ours["ours lookahead"] = Decoder(backbone, args.lookahead, **kw)
     if draft is not None:
@@ -278,18 +278,24 @@ def run_name(checkpoint: str) -> str:
     return path.parent.name if path.name == "drafter" else path.name
 
 
-def drafter_decoders(args, checkpoint: str, backbone: Backbone, kw: dict, tuned: dict) -> dict:
+def drafter_decoders(args, checkpoint: str, backbone: Backbone, kw: dict, record: dict | None) -> dict:
     """The checkpoint's drafter, one row per --draft-weights mode, each without and (--lookup-tokens > 0)
-    with its prompt-lookup branch, on the checkpoint's tuned tree (`tuned`: its decoding record) or --tree-nodes.
+    with its prompt-lookup branch, on the checkpoint's tuned tree (`record`: its decoding record, whose branch
+    length the row takes when its tuner chose one, at most --lookup-tokens) or --tree-nodes.
     With several checkpoints (or a --draft model beside one) each row names its run (the folder above
     `drafter/`)."""
     from headstart.eval.engine.decoder import build_decoder
     from headstart.eval.engine.proposers import TREE_METHODS
     from headstart.models import registry
     from headstart.models.checkpoint import LoadedDrafter, load_drafter
+    from headstart.models.decoding import branch_tokens
     from headstart.models.int8 import for_decoding
 
-    opts = {"tree_nodes": args.tree_nodes} if args.tree_nodes else tuned
+    opts = {"tree_nodes": args.tree_nodes} if args.tree_nodes else (record or {}).get("decoder", {})
+    branch = args.lookup_tokens if args.tree_nodes else branch_tokens(record, args.lookup_tokens)
+    if branch < args.lookup_tokens:
+        print(f"{run_name(checkpoint)}: a lookup branch of {branch} (its tuner's length, of --lookup-tokens "
+              f"{args.lookup_tokens})")  # fmt: skip
     out = {}
     for mode in args.draft_weights:  # a drafter each: int8 replaces its layers in place
         loaded = LoadedDrafter(*load_drafter(checkpoint, backbone))
@@ -299,9 +305,9 @@ def drafter_decoders(args, checkpoint: str, backbone: Backbone, kw: dict, tuned:
         if len(args.checkpoint) > 1 or args.draft:  # told apart from each other and from --draft's row
             name += f" [{run_name(checkpoint)}]"
         out[name] = build_decoder(proposer, backbone, loaded, **kw, **opts)
-        if args.lookup_tokens and proposer in TREE_METHODS:  # a draft model has no tree to carry the branch
-            out[f"{name} + lookup {args.lookup_tokens}"] = build_decoder(
-                proposer, backbone, loaded, **kw, **opts, lookup_tokens=args.lookup_tokens
+        if branch and proposer in TREE_METHODS:  # a draft model has no tree to carry the branch
+            out[f"{name} + lookup {branch}"] = build_decoder(
+                proposer, backbone, loaded, **kw, **opts, lookup_tokens=branch
             )
     return out
 

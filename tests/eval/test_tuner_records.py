@@ -84,6 +84,13 @@ def test_readers_pick_the_record_for_their_use_and_say_which():
     p = pick([legacy], greedy=True, device="cpu")
     assert p.record is legacy and not p.exact and "temperature not recorded" in p.note
     assert pick([], greedy=True) is None
+    # an eager decoder takes the newest eager record over a newer compiled one (priced for other kernels)
+    eager = _rec("greedy", "cpu", [[0], [0, 0]])
+    compiled = _rec("greedy", "cpu", [[0]])
+    compiled["conditions"]["compiled"] = True
+    assert pick([eager, compiled], greedy=True, device="cpu", compiled=False).record is eager
+    assert pick([eager, compiled], greedy=True, device="cpu", compiled=True).record is compiled
+    assert pick([eager, compiled], greedy=True, device="cpu").record is compiled  # unsaid: the newest
 
 
 # ---------------------------------------------------------------- the decision to speculate
