@@ -31,10 +31,10 @@ import torch
 from tqdm import tqdm
 
 from headstart.errors import exit_on_user_error
-from headstart.eval.bench.plot import plot_bench
 from headstart.eval.engine.compiled import COMPILE_MODES
 from headstart.eval.engine.proposers.lookahead import LookaheadOptions
 from headstart.eval.errors import EvalError
+from headstart.eval.report.bench_plot import plot_bench
 from headstart.eval.scoring.memory import GB, measure_memory
 from headstart.eval.scoring.score import token_latencies
 from headstart.eval.stage.config import DEFAULT_PROMPTS
