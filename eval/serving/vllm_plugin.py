@@ -156,23 +156,26 @@ def _apply(runner, drafts) -> None:
 
 
 def _lookup_first(
-    runner, k: int, sampled_token_ids: list, run_drafter, stateful: bool = False
+    runner, k: int, sampled_token_ids: list, run_drafter, stateful: bool = False, pending: bool = False
 ) -> list[list[int]]:
     """A step's drafts, per batch row: the lookup chain when long enough, else the drafter's first
     `drafter_tokens`, the drafter run (`run_drafter(d)` -> rows of d drafts) only when some row needs it. A
     `stateful` drafter (a KV cache that follows every step: EAGLE, a draft model) runs every step, one pass when
     no row needs its drafts. A row that sampled nothing this step (mid-prefill) drafts nothing, as in vLLM's
-    `ngram`."""
+    `ngram`. `pending`: the batch's token rows do not hold this step's sampled tokens yet (vLLM drafts with EAGLE
+    before its bookkeeping), so each context is its row plus them."""
     cfg, batch = runner._headstart_lookup, runner.input_batch
     d = k if cfg["drafter_tokens"] is None else cfg["drafter_tokens"]
     chains: list[list[int] | None] = []
     for row, sampled in enumerate(sampled_token_ids):
-        length = int(batch.num_tokens_no_spec[row])
-        room = min(k, runner.max_model_len - length)
+        context = batch.token_ids_cpu[row, : int(batch.num_tokens_no_spec[row])]
+        if pending:
+            context = np.concatenate([context, np.asarray(sampled, dtype=context.dtype)])
+        room = min(k, runner.max_model_len - len(context))
         if not len(sampled) or room <= 0:
             chains.append([])
             continue
-        chain = lookup(batch.token_ids_cpu[row, :length], room, cfg["min_match"], cfg["max_ngram"])
+        chain = lookup(context, room, cfg["min_match"], cfg["max_ngram"])
         runner._headstart_counts[chain is not None] += 1
         chains.append(chain)
     needed = d > 0 and any(chain is None for chain in chains)
@@ -181,6 +184,16 @@ def _lookup_first(
         chain if chain is not None else (drafted[row][:d] if drafted is not None else [])
         for row, chain in enumerate(chains)
     ]
+
+
+def _sampled_rows(runner, sampled: torch.Tensor) -> list[list[int]]:
+    """The step's accepted tokens per batch row out of the sampler's (rows, K + 1) tensor (rejected slots hold a
+    placeholder), none for rows whose sample is discarded (mid-prefill): what vLLM's bookkeeping keeps."""
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+
+    batch = runner.input_batch
+    discard = np.nonzero(runner.discard_request_mask.np[: batch.num_reqs])[0]
+    return RejectionSampler.parse_output(sampled, batch.vocab_size, discard)[0]
 
 
 def register() -> None:
@@ -224,7 +237,11 @@ def register() -> None:
 
         k = scheduler_output.num_spec_tokens_to_schedule or self.speculative_config.num_speculative_tokens
         self._headstart_drafted = True
-        return _lookup_first(self, k, sampled_token_ids, run_drafter, stateful)
+        # EAGLE on vLLM's padded drafter batch drafts from the sampler's tensor, before the step's bookkeeping
+        # has added its tokens to the batch's rows: the valid ones, as the bookkeeping will read them
+        pending = torch.is_tensor(sampled_token_ids)
+        rows = _sampled_rows(self, sampled_token_ids) if pending else sampled_token_ids
+        return _lookup_first(self, k, rows, run_drafter, stateful, pending)
 
     def take_draft_token_ids(self):
         drafts = take(self)

@@ -73,3 +73,41 @@ def test_family_heads_serve_in_vllm_as_in_headstart(tmp_path, family):
     theirs = position_rates(counters)
     print(f"{family}: position-1 acceptance vLLM {theirs[0]:.3f}, headstart {ours[0] if ours else 0.0:.3f}")
     assert abs(theirs[0] - (ours[0] if ours else 0.0)) <= 0.1, (family, theirs, ours)
+
+
+def test_an_eagle3_drafter_with_the_lookup_chain_serves_as_in_headstart(tmp_path):
+    """headstart's plugin with an EAGLE-3 drafter (a KV cache that follows every step; the plugin runs its
+    further passes only as far as the step needs them): vLLM stays lossless (fp32 greedy == its plain greedy)
+    and accepts as headstart's decoder running the same rule (a chain of 1 behind a lookup chain of 3)."""
+    from headstart.eval.serving.check import export_layouts, hybrid_spec
+
+    # 8 layers: three distinct fused layers (2, 4, 5); vLLM captures each layer once, so the 2-layer model's
+    # (1, 1, 1) reach its drafter as one
+    drafter_dir = train_tiny(tmp_path, "llama", "eagle3", SERVABLE | {"num_hidden_layers": 8})
+    meta = read_meta(drafter_dir)
+    backbone = load_backbone(BackboneConfig(**{**meta["backbone"], "dtype": "float32"}))
+    target = tmp_path / "target"
+    backbone.model.save_pretrained(target)
+    backbone.tokenizer.save_pretrained(target)
+    prompts = [backbone.tokenizer(text)["input_ids"] for text in TEXTS]
+    rule = {"min_match": 1, "k": 1, "lookup_tokens": 3}
+    lay = next(lay for lay in export_layouts(drafter_dir, meta, tmp_path / "export") if lay.required)
+
+    spec = engine_spec(
+        target, dtype="float32", max_model_len=256, eager_default=True, skip_tokenizer_init=True
+    )
+    with VllmEngine(spec, tmp_path / "plain.log") as engine:
+        plain = [o["token_ids"] for o in engine.generate(prompts, NEW)["outputs"]]
+    with VllmEngine(spec | hybrid_spec("eagle3", lay, rule), tmp_path / "hybrid.log") as e:
+        served = [o["token_ids"] for o in e.generate(prompts, NEW)["outputs"]]
+        counters = spec_counters(e.metrics())
+    assert "headstart lookup hybrid on" in (tmp_path / "hybrid.log").read_text()
+    assert served == plain, "vLLM with the EAGLE-3 hybrid diverged from its own plain greedy output"
+
+    loaded = LoadedDrafter(*load_drafter(drafter_dir, backbone, meta), drafter_dir)
+    chain, _ = chain_options("eagle3", rule["k"], loaded.drafter)
+    decoder = build_decoder("eagle3", backbone, loaded, **chain, lookup_tokens=3, lookup_min_match=1)
+    tau, _ = greedy_tau(decoder, prompts, NEW)
+    theirs = 1 + counters["accepted"] / counters["drafts"]
+    print(f"EAGLE-3 hybrid: tau vLLM {theirs:.3f}, headstart {tau:.3f}")
+    assert abs(theirs / tau - 1) <= 0.1, (theirs, tau, counters)

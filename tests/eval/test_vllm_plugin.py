@@ -158,6 +158,17 @@ def test_a_stateful_drafter_makes_one_pass_where_the_lookup_serves_every_request
     assert drafter.calls == [4]  # drafter_tokens unset: all K
 
 
+def test_before_bookkeeping_the_steps_sampled_tokens_join_the_context():
+    """vLLM drafts with EAGLE before its bookkeeping appends the step's tokens to the batch's rows: the lookup
+    searches the row plus the accepted tokens (a match that only they complete is found; a stale row's is not)."""
+    row = [4, 5, 6, 7, 8, 1, 2]  # the row as the previous step left it
+    runner, drafter = lookup_first_runner(2, [row]), Drafter(1)
+    assert plugin._lookup_first(runner, 4, [[4, 5]], drafter, stateful=True, pending=True) == [[6, 7, 8, 1]]
+    assert drafter.calls == [1] and runner._headstart_counts == [0, 1]
+    runner, drafter = lookup_first_runner(2, [row]), Drafter(1)  # already appended (Medusa's order): no match
+    assert plugin._lookup_first(runner, 4, [[4, 5]], drafter, stateful=True) == [[10, 10]]
+
+
 def test_probabilistic_drafts_are_refused_at_start():
     spec = SimpleNamespace(num_speculative_tokens=4, draft_sample_method="probabilistic")
     config = SimpleNamespace(
