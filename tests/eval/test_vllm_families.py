@@ -110,4 +110,5 @@ def test_an_eagle3_drafter_with_the_lookup_chain_serves_as_in_headstart(tmp_path
     tau, _ = greedy_tau(decoder, prompts, NEW)
     theirs = 1 + counters["accepted"] / counters["drafts"]
     print(f"EAGLE-3 hybrid: tau vLLM {theirs:.3f}, headstart {tau:.3f}")
-    assert abs(theirs / tau - 1) <= 0.1, (theirs, tau, counters)
+    # a lookup searched in a stale context (the row before the step's tokens) cost vLLM 8.5% of tau here
+    assert 0.95 <= theirs / tau <= 1.1, (theirs, tau, counters)
