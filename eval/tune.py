@@ -52,7 +52,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, help="write decoding.json here instead of beside the checkpoint")
     p.add_argument("--probe-prompts", type=int, default=TunerConfig.probe_prompts)
     p.add_argument("--reps", type=int, default=TunerConfig.reps)
-    p.add_argument("--lookup-tokens", type=int, default=0, help="the eval's lookup_tokens: the longest branch (0: no branch)")
+    p.add_argument(
+        "--lookup-tokens",
+        type=int,
+        default=0,
+        help="the eval's lookup_tokens: the longest branch (0: no branch)",
+    )
     p.add_argument("--compile", default="eager", choices=COMPILE_MODES, help="the eval's compile setting")
     p.add_argument("--max-cache-len", type=int, default=EvalConfig.max_cache_len,
                    help="the eval's max_cache_len (compiled steps are timed at that cache length)")  # fmt: skip
