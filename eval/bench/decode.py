@@ -252,8 +252,8 @@ def build_methods(args, backbone: Backbone, draft: Backbone | None, cache_len: i
         "compile": args.compile or "eager",
     }  # every one of ours: the same kernels
     ours = {"ours vanilla": Decoder(backbone, "vanilla", **kw)}
+    compiled = kw["compile"] != "eager"  # the records priced for these kernels
     for checkpoint in args.checkpoint:
-        compiled = kw["compile"] != "eager"
         picked = pick(read_decodings(checkpoint), greedy=True, device=backbone.device.type, compiled=compiled)
         if picked:  # which record the tree comes from (a plain choice still benchmarks its declined tree)
             print(picked.note)

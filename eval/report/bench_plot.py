@@ -12,12 +12,10 @@ def plot_bench(rows: list[dict], title: str, path: Path) -> Path:
     """Two panels over the same methods (top to bottom in the table's order): speedup [95% CI] annotated with
     tau, and peak-memory overhead over vanilla in MB (rows without a measured decode, HF's, left empty)."""
     names = [r["method"] for r in rows][::-1]
-    by = {r["method"]: r for r in rows}
     fig = Figure(figsize=(10, 0.45 * len(rows) + 1.6))
     speed, memory = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [3, 1]})
-    for y, name in enumerate(names):
-        r = by[name]
-        s = r["speedup_vs_ours_vanilla"] or 0.0
+    for y, r in enumerate(rows[::-1]):
+        name, s = r["method"], r["speedup_vs_ours_vanilla"] or 0.0
         lo, hi = r["speedup_ci"] if r["speedup_ci"] else (s, s)
         speed.barh(y, s, color="C0" if name.startswith("ours") else "C7")
         speed.errorbar(s, y, xerr=[[s - lo], [hi - s]], color="black", capsize=3, lw=1)

@@ -257,9 +257,8 @@ def register() -> None:
         logits = self.model.compute_logits(blocks)
         return torch.stack([logit.argmax(dim=-1) for logit in logits], dim=1)
 
-    def fewer_passes(
-        self, *args, **kwargs
-    ):  # num_speculative_tokens: the first argument, by position or name
+    # num_speculative_tokens: the first argument, by position or by name
+    def fewer_passes(self, *args, **kwargs):
         tokens = getattr(self, "_headstart_tokens", None)
         if tokens is not None:
             if args:

@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 from headstart.eval.engine.compiled import resolve as resolve_compile
 from headstart.eval.engine.decoder import Decoder, build_decoder
 from headstart.eval.engine.proposers import DRAFT, LOOKAHEAD, PROPOSERS, VANILLA
+from headstart.eval.engine.proposers.lookup_branch import LookupBranch
 from headstart.eval.errors import EvalError
 from headstart.eval.report.compare import compare, write_compare
 from headstart.eval.report.write import log_wandb, write_report, write_runs_summary
@@ -148,9 +149,9 @@ class Evaluator:
         options |= tuned.record["decoder"] if tuned else {}
         # the lookup branch on the tree chosen above, as long as the tuner chose (at most lookup_tokens); the
         # decoder refuses a tree-less method
-        decoder = build_decoder(method, backbone, loaded, max_cache_len=cfg.max_cache_len,
-                                lookup_tokens=branch_tokens(tuned and tuned.record, cfg.lookup_tokens), compile=cfg.compile,
-                                **options)  # fmt: skip
+        lookup = branch_tokens(tuned and tuned.record, cfg.lookup_tokens)
+        decoder = build_decoder(method, backbone, loaded, max_cache_len=cfg.max_cache_len, lookup_tokens=lookup,
+                                compile=cfg.compile, **options)  # fmt: skip
         return Side(method, decoder, settings, out_dir)
 
     def tune(self, method: str, backbone: Backbone, loaded: LoadedDrafter) -> Tuned | None:
@@ -280,17 +281,11 @@ class Evaluator:
                 dict(zip(("window", "ngram", "guesses"), la.options.resolved())) | la.counts
             )
         plain = settings.get("tuner") is not None and settings["tuner"].plain
-        tuned = settings.get("tuner")
-        tokens = branch_tokens(tuned and tuned.record, cfg.lookup_tokens)
-        if (
-            tokens and not side.baseline and not plain
-        ):  # steps the branch added nodes / gave the accepted path,
-            # over every decode of the run (warm-up and timing rounds included)
-            settings["lookup_branch"] = {
-                "tokens": tokens,
-                "allowed": cfg.lookup_tokens,
-                **side.decoder.proposer.counts,
-            }
+        # the branch's length as it ran, and the steps it added nodes / gave the accepted path over every
+        # decode of the run (warm-up and timing rounds included)
+        branch = side.decoder.proposer
+        if isinstance(branch, LookupBranch):
+            settings["lookup_branch"] = {"tokens": branch.k, "allowed": cfg.lookup_tokens, **branch.counts}
         report["decoding"] = decoding_report(settings, report, per_turn)
         report["compile"] = compile_entry(cfg.compile, side.decoder.runner.compiled, report["speedup"], eager)
         if plain:  # the headline: the drafter was not used, and why

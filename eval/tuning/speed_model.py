@@ -177,36 +177,37 @@ def predict(setting: Setting, acc: list[list[float]], costs: Costs, branch: Bran
     }
 
 
+def _fastest_first(scored: list[tuple[Setting, dict]]) -> list[tuple[Setting, dict]]:
+    """Ties: the smaller verify width, then the shorter lookup branch, then the listed order."""
+    order = sorted(
+        range(len(scored)),
+        key=lambda i: (
+            -scored[i][1]["tokens_per_s"],
+            scored[i][0].tree.size,
+            scored[i][1].get("branch_tokens", 0),
+            i,
+        ),
+    )
+    return [scored[i] for i in order]
+
+
 def rank(
     settings: list[Setting], acc: list[list[float]], costs: Costs, branch: Branch | None = None
 ) -> list[tuple[Setting, dict]]:
-    """(setting, prediction) pairs, fastest first (ties: the smaller verify width, then the listed order)."""
-    scored = [(s, predict(s, acc, costs, branch)) for s in settings]
-    order = sorted(
-        range(len(scored)), key=lambda i: (-scored[i][1]["tokens_per_s"], scored[i][0].tree.size, i)
-    )
-    return [scored[i] for i in order]
+    """(setting, prediction) pairs, fastest first."""
+    return _fastest_first([(s, predict(s, acc, costs, branch)) for s in settings])
 
 
 def rank_with_branch(
     settings: list[Setting], acc: list[list[float]], costs: Costs, branch: Branch, max_tokens: int
 ) -> list[tuple[Setting, dict]]:
     """Like `rank`, over every setting with a lookup branch of 0 (none, no search) to `max_tokens` tokens; each
-    prediction names its length (`branch_tokens`). Ties: the smaller tree, then the shorter branch."""
+    prediction names its length (`branch_tokens`)."""
     scored = []
     for n in range(max_tokens + 1):
         cut = Branch(up_to(branch.steps, n), branch.search_s) if n else None
         scored += [(s, predict(s, acc, costs, cut) | {"branch_tokens": n}) for s in settings]
-    order = sorted(
-        range(len(scored)),
-        key=lambda i: (
-            -scored[i][1]["tokens_per_s"],
-            scored[i][0].tree.size,
-            scored[i][1]["branch_tokens"],
-            i,
-        ),
-    )
-    return [scored[i] for i in order]
+    return _fastest_first(scored)
 
 
 def speedup_at(steady: float, prefill_steps: float, new_tokens: float) -> float:
