@@ -162,17 +162,27 @@ def read_decoding(path: str | Path, greedy: bool = True, device: str | None = No
 
 def served_rule(record: dict | None, k: int) -> dict | None:
     """A record's hybrid rule (eval/tuning/lookup_rule.py) for a drafter chain of k, completed for serving:
-    {"min_match", "k", "lookup_tokens"}; None when there is none for k or the drafter alone was best."""
+    {"min_match", "k", "lookup_tokens", "max_tokens"} (max_tokens None: chains of lookup_tokens); None when there
+    is none for k or the drafter alone was best."""
     rule = (record or {}).get("lookup_rule") or {}
     if rule.get("min_match") is None or rule.get("k") != k:
         return None
-    return {"min_match": rule["min_match"], "k": k, "lookup_tokens": rule.get("lookup_tokens", k)}
+    return {
+        "min_match": rule["min_match"],
+        "k": k,
+        "lookup_tokens": rule.get("lookup_tokens", k),
+        "max_tokens": rule.get("max_tokens"),
+    }
 
 
 def plugin_serving(rule: dict) -> tuple[int, dict]:
     """How vLLM serves a rule with headstart's lookup plugin (eval/serving/vllm_plugin.py): its
-    num_speculative_tokens (the longer chain) and additional config (the drafter keeps its first k when the
-    lookup chain is longer)."""
-    extra = {"drafter_tokens": rule["k"]} if rule["lookup_tokens"] > rule["k"] else {}
-    served = max(rule["k"], rule["lookup_tokens"])
+    num_speculative_tokens (the longest chain) and additional config (the drafter keeps its first k when a
+    lookup chain is longer; a chain growing with its match is lookup_tokens long at least, and n-grams are
+    searched as long as it may grow)."""
+    most = rule.get("max_tokens")
+    served = max(rule["k"], rule["lookup_tokens"], most or 0)
+    extra = {"drafter_tokens": rule["k"]} if served > rule["k"] else {}
+    if most:
+        extra |= {"lookup_tokens": rule["lookup_tokens"], "max_ngram": most}
     return served, {"headstart_lookup": {"min_match": rule["min_match"], **extra}}

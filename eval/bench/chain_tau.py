@@ -59,7 +59,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--checkpoints", nargs="+", type=Path, required=True, help="run dirs or drafter folders")
     p.add_argument("--k", type=int, default=2, help="the drafter's chain length")
     p.add_argument(
-        "--lookup", nargs=2, type=int, metavar=("L", "M"), help="also with the lookup chain L at m"
+        "--lookup",
+        nargs="+",
+        type=int,
+        metavar="N",
+        help="also with the lookup chain: L m [MAX] (chain L at min_match m, growing with its match up to MAX)",
     )
     p.add_argument("--prompts", nargs="+", default=["dev", "spec_bench"], help="prompt files or shipped sets")
     p.add_argument("--per-category", type=int, default=1)
@@ -67,6 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--out", type=Path, help="write the rows as json here")
     args = p.parse_args(argv)
+    if args.lookup and len(args.lookup) not in (2, 3):
+        p.error(f"--lookup takes L m [MAX], got {len(args.lookup)} numbers")
     first = resolve_checkpoint(args.checkpoints[0])
     meta = read_meta(first)
     backbone = load_backbone(BackboneConfig(**{**meta["backbone"], "dtype": args.dtype}))
@@ -92,15 +98,16 @@ def main(argv: list[str] | None = None) -> None:
             build_decoder(proposer, backbone, loaded, **chain), prompts, args.tokens
         )
         if args.lookup:
-            L, m = args.lookup
-            hybrid = build_decoder(proposer, backbone, loaded, **chain, lookup_tokens=L, lookup_min_match=m)
+            L, m, most = (*args.lookup, None)[:3]
+            hybrid = build_decoder(proposer, backbone, loaded, **chain, lookup_tokens=L, lookup_min_match=m,
+                                   lookup_max_tokens=most)  # fmt: skip
             row["hybrid_tau"], _ = greedy_tau(hybrid, prompts, args.tokens)
         row["seconds"] = time.perf_counter() - t0
         rows.append(row)
         top1 = " / ".join(f"{a:.3f}" for a in row["held_out_top1"][:3])
         rates = " / ".join(f"{r:.3f}" for r in row["position_rates"])
         hybrid_tau = (
-            f", with lookup L={args.lookup[0]} m={args.lookup[1]}: {row['hybrid_tau']:.3f}"
+            f", with lookup {' '.join(map(str, args.lookup))} (L m [max]): {row['hybrid_tau']:.3f}"
             if args.lookup
             else ""
         )

@@ -74,7 +74,8 @@ class Decoder:
     `lookup_tokens` (medusa, eagle, eagle3; 0 = off) adds up to that many prompt-lookup tokens to the drafter's
     tree each step (proposers/lookup_branch.py), verified in the same forward; with `lookup_min_match=m` the
     step verifies EITHER the drafter's draft or the lookup chain, the latter when its n-gram match is at least m
-    tokens (proposers/lookup_choice.py: the rule headstart's vLLM plugin serves).
+    tokens (proposers/lookup_choice.py: the rule headstart's vLLM plugin serves), and with `lookup_max_tokens` that
+    chain grows with its match, up to that many tokens (suffix decoding's rule).
     `typical=True` (medusa, temperature > 0) uses Medusa's typical acceptance, which is LOSSY. `cuda_graphs`
     (default: True on CUDA) captures each verify width in a CUDA graph; the first generate() of each width pays
     the capture. `compile` ("eager" | "auto" | "max-autotune", eval/engine/compiled.py) runs the plain and the
@@ -93,6 +94,7 @@ class Decoder:
         cuda_graphs: bool | None = None,
         lookup_tokens: int = 0,
         lookup_min_match: int | None = None,
+        lookup_max_tokens: int | None = None,
         compile: str = "eager",
     ) -> None:
         config = proposer_config(proposer) if isinstance(proposer, str) else proposer
@@ -106,6 +108,16 @@ class Decoder:
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self.max_cache_len = max_cache_len
         self.runner = ModelRunner(backbone, max_cache_len, self.cuda_graphs, compile)
+        if lookup_max_tokens is not None and (not lookup_tokens or lookup_min_match is None):
+            raise ValueError(
+                f"lookup_max_tokens={lookup_max_tokens} applies to the lookup chain choice only. "
+                "Fix: set lookup_tokens and lookup_min_match too, or drop lookup_max_tokens"
+            )
+        if lookup_min_match is not None and not lookup_tokens:
+            raise ValueError(
+                f"lookup_min_match={lookup_min_match} needs lookup_tokens >= 1 (the lookup chain's length). "
+                "Fix: set lookup_tokens, or drop lookup_min_match"
+            )
         self.proposer: Proposer | None = None if config is None else config.make(self)
         if lookup_tokens:
             if method not in TREE_METHODS:
@@ -116,12 +128,9 @@ class Decoder:
             if lookup_min_match is None:
                 self.proposer = LookupBranch(self.proposer, lookup_tokens, self.device)
             else:
-                self.proposer = LookupChoice(self.proposer, lookup_min_match, lookup_tokens, self.device)
-        elif lookup_min_match is not None:
-            raise ValueError(
-                f"lookup_min_match={lookup_min_match} needs lookup_tokens >= 1 (the lookup chain's length). "
-                "Fix: set lookup_tokens, or drop lookup_min_match"
-            )
+                self.proposer = LookupChoice(
+                    self.proposer, lookup_min_match, lookup_tokens, self.device, max_tokens=lookup_max_tokens
+                )
         self.runner.compile_widths = {1, self.proposer.width if self.proposer else 1}  # the rest: eager
         self.eos_token_ids = eos_token_ids(backbone)
         self._sync = torch.cuda.synchronize if self.device.type == "cuda" else _no_sync
@@ -274,6 +283,7 @@ def build_decoder(
     cuda_graphs: bool | None = None,
     lookup_tokens: int = 0,
     lookup_min_match: int | None = None,
+    lookup_max_tokens: int | None = None,
     compile: str = "eager",
     **options,
 ) -> Decoder:
@@ -297,4 +307,5 @@ def build_decoder(
         raise ValueError(f"method {method!r} needs checkpoint_dir= (a drafter folder written by train/)")
     config = proposer_config(method, **options)
     return Decoder(backbone, config, typical=typical, max_cache_len=max_cache_len, device=device,
-                   cuda_graphs=cuda_graphs, lookup_tokens=lookup_tokens, lookup_min_match=lookup_min_match, compile=compile)  # fmt: skip
+                   cuda_graphs=cuda_graphs, lookup_tokens=lookup_tokens, lookup_min_match=lookup_min_match,
+                   lookup_max_tokens=lookup_max_tokens, compile=compile)  # fmt: skip

@@ -217,7 +217,7 @@ def write_report(report: dict, out: Path) -> None:
 
 def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new) -> dict | None:
     """decoding.json's lookup rule for a chain of k, else one tuned on `questions` (never the scored prompts)
-    and written there -> {"min_match", "k", "lookup_tokens"}, or None: the drafter alone was best, so there is
+    and written there -> {"min_match", "k", "lookup_tokens", "max_tokens"}, or None: the drafter alone was best, so there is
     no hybrid to serve."""
     from headstart.eval.stage.prompts import chat_ids
     from headstart.eval.tuning.lookup_rule import DRAFT_TOKENS, lookup_lengths, tune_lookup_rule
@@ -227,7 +227,9 @@ def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new) -> dict 
     # the greedy record for the device vLLM serves from here (the rule is kept in it, replacing only it)
     record = read_decoding(drafter_dir, greedy=True, device="cuda" if on_gpu() else "cpu") or {}
     rule = record.get("lookup_rule")
-    if not rule or rule.get("k") != k or "lookup_tokens" not in rule:
+    if (
+        not rule or rule.get("k") != k or "max_tokens" not in rule
+    ):  # older records: tuned without growing chains
         if not questions:
             raise ValueError(
                 "no prompts to tune the lookup rule on. Fix: --hybrid M, or more prompts in --prompts"
@@ -286,7 +288,7 @@ def hybrid_summary(runs: dict, errors: dict, rule: dict) -> dict:
 def add_hybrid(specs, ours, layouts, backbone, loaded, rule: dict) -> None:
     """The hybrid's two engines: vLLM serving the first required layout with headstart's plugin (drafting
     max(k, L), the drafter keeping its first k), and headstart's decoder drafting the same chain of k with the
-    same rule (lookup_tokens L, lookup_min_match m)."""
+    same rule (lookup_tokens L, lookup_min_match m, lookup_max_tokens)."""
     from headstart.eval.engine.decoder import build_decoder
     from headstart.eval.engine.proposers import chain_options
 
@@ -295,7 +297,7 @@ def add_hybrid(specs, ours, layouts, backbone, loaded, rule: dict) -> None:
     lay = next(lay for lay in layouts if lay.required)
     specs["vllm:hybrid"] = hybrid_spec(loaded.meta["method"], lay, rule)
     decoder = build_decoder(proposer, backbone, loaded, **options, lookup_tokens=rule["lookup_tokens"],
-                            lookup_min_match=rule["min_match"])  # fmt: skip
+                            lookup_min_match=rule["min_match"], lookup_max_tokens=rule.get("max_tokens"))  # fmt: skip
     ours["ours:hybrid"] = OursRunner(decoder, set(decoder.eos_token_ids))
 
 

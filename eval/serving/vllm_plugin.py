@@ -5,7 +5,10 @@ vLLM runs one proposer per engine: a trained drafter (EAGLE, EAGLE-3, Medusa, a 
 (or fewer, as vLLM's `ngram` does) tokens that followed the longest suffix n-gram of its context seen earlier,
 when that match is at least `min_match` tokens long; otherwise it keeps the drafter's first `drafter_tokens` (all
 K when unset). So the lookup chain can be longer than the drafter's own best chain: K = num_speculative_tokens is
-the lookup chain's length. This is the rule of eval/engine/proposers/lookup_choice.py, which headstart's eval
+the lookup chain's length. With `lookup_tokens: L` (< K) the chain is L tokens, or as many as the match is long
+when that is more, up to K: suffix decoding's rule (Arctic Inference drafts up to its match length times a factor,
+1 by default), so a context that is being copied (code under edit, a quoted document) is verified in long chains
+and a short, uncertain match in short ones; `max_ngram` should then be K, so that the match can grow that long. This is the rule of eval/engine/proposers/lookup_choice.py, which headstart's eval
 stage runs, so its figures predict the server's. vLLM's own rejection sampler verifies whatever is proposed:
 lossless as any speculative decoding, greedy or sampled (both drafts are point masses).
 
@@ -60,11 +63,20 @@ def find_match(context: np.ndarray, max_ngram: int, num_tokens: int) -> tuple[in
     return 0, []
 
 
-def lookup(context: np.ndarray, k: int, min_match: int, max_ngram: int = MAX_NGRAM) -> list[int] | None:
-    """The (up to k) tokens that followed the context's longest earlier suffix match when that match is at least
-    `min_match` long, else None."""
+def chain_length(n: int, base: int | None, most: int) -> int:
+    """How many tokens a lookup chain behind a match of n tokens verifies: `most` (K) when `base` is None, else
+    `base`, or n when the match is longer, at most `most`. headstart's rule (prompt_lookup.py; tests hold the two
+    equal)."""
+    return most if base is None else min(most, max(base, n))
+
+
+def lookup(
+    context: np.ndarray, k: int, min_match: int, max_ngram: int = MAX_NGRAM, base: int | None = None
+) -> list[int] | None:
+    """The tokens that followed the context's longest earlier suffix match (`chain_length` of them, at most k) when
+    that match is at least `min_match` long, else None."""
     n, chain = find_match(context, max_ngram, k)
-    return chain if chain and n >= min_match else None
+    return chain[: chain_length(n, base, k)] if chain and n >= min_match else None
 
 
 def choose(
@@ -73,25 +85,28 @@ def choose(
     min_match: int,
     max_ngram: int = MAX_NGRAM,
     drafter_tokens: int | None = None,
+    lookup_tokens: int | None = None,
 ) -> tuple[bool, list[int]]:
     """-> (lookup chosen, the tokens to verify): `lookup`'s chain of up to K = len(drafted), else the drafter's
     first `drafter_tokens` (all: None)."""
-    chain = lookup(context, len(drafted), min_match, max_ngram)
+    chain = lookup(context, len(drafted), min_match, max_ngram, lookup_tokens)
     if chain is not None:
         return True, chain
     return False, drafted if drafter_tokens is None else drafted[:drafter_tokens]
 
 
 def settings(additional_config) -> dict | None:
-    """{"min_match": m, "max_ngram": n, "drafter_tokens": d or None} from vLLM's additional config (d: the
-    drafter's drafts kept, 0 for none; None: all K), or None when the hybrid is not asked for."""
+    """{"min_match": m, "max_ngram": n, "drafter_tokens": d or None, "lookup_tokens": L or None} from vLLM's
+    additional config (d: the drafter's drafts kept, 0 for none; None: all K; L: the lookup chain's length before
+    its match makes it longer, None: always K), or None when the hybrid is not asked for."""
     if not isinstance(additional_config, dict) or CONFIG_KEY not in additional_config:
         return None
     raw = dict(additional_config[CONFIG_KEY] or {})
-    unknown = set(raw) - {"min_match", "max_ngram", "drafter_tokens"}
+    unknown = set(raw) - {"min_match", "max_ngram", "drafter_tokens", "lookup_tokens"}
     if unknown:
         raise ValueError(
-            f"{CONFIG_KEY}: unknown keys {sorted(unknown)}. Fix: only min_match, max_ngram and drafter_tokens"
+            f"{CONFIG_KEY}: unknown keys {sorted(unknown)}. "
+            "Fix: only min_match, max_ngram, drafter_tokens and lookup_tokens"
         )
     max_ngram = int(raw.get("max_ngram", MAX_NGRAM))
     min_match = int(raw.get("min_match", 1))
@@ -103,10 +118,17 @@ def settings(additional_config) -> dict | None:
             f"{CONFIG_KEY}.drafter_tokens={drafter_tokens}: must be >= 0 (0: lookup only). "
             "Fix: leave it out to keep all K drafts"
         )
+    lookup_tokens = raw.get("lookup_tokens")
+    if lookup_tokens is not None and int(lookup_tokens) < 1:
+        raise ValueError(
+            f"{CONFIG_KEY}.lookup_tokens={lookup_tokens}: must be >= 1. "
+            "Fix: leave it out for lookup chains of num_speculative_tokens"
+        )
     return {
         "min_match": min_match,
         "max_ngram": max_ngram,
         "drafter_tokens": None if drafter_tokens is None else int(drafter_tokens),
+        "lookup_tokens": None if lookup_tokens is None else int(lookup_tokens),
     }
 
 
@@ -126,6 +148,11 @@ def _check_engine(vllm_config, version: str) -> dict | None:
         raise RuntimeError(
             f"{CONFIG_KEY}.drafter_tokens={cfg['drafter_tokens']} exceeds num_speculative_tokens="
             f"{spec.num_speculative_tokens} (the lookup chain's length). Fix: drafter_tokens <= num_speculative_tokens"
+        )
+    if (cfg["lookup_tokens"] or 0) > spec.num_speculative_tokens:
+        raise RuntimeError(
+            f"{CONFIG_KEY}.lookup_tokens={cfg['lookup_tokens']} exceeds num_speculative_tokens="
+            f"{spec.num_speculative_tokens} (the longest lookup chain). Fix: lookup_tokens <= num_speculative_tokens"
         )
     if getattr(spec, "draft_sample_method", "greedy") != "greedy":
         raise RuntimeError(
@@ -149,7 +176,12 @@ def _apply(runner, drafts) -> None:
             continue
         context = batch.token_ids_cpu[row, : batch.num_tokens_no_spec[row]]
         chosen_lookup, chosen = choose(
-            context, drafts.draft_token_ids[i], cfg["min_match"], cfg["max_ngram"], cfg["drafter_tokens"]
+            context,
+            drafts.draft_token_ids[i],
+            cfg["min_match"],
+            cfg["max_ngram"],
+            cfg["drafter_tokens"],
+            cfg["lookup_tokens"],
         )
         runner._headstart_counts[chosen_lookup] += 1
         drafts.draft_token_ids[i] = chosen
@@ -175,7 +207,7 @@ def _lookup_first(
         if not len(sampled) or room <= 0:
             chains.append([])
             continue
-        chain = lookup(context, room, cfg["min_match"], cfg["max_ngram"])
+        chain = lookup(context, room, cfg["min_match"], cfg["max_ngram"], cfg["lookup_tokens"])
         runner._headstart_counts[chain is not None] += 1
         chains.append(chain)
     needed = d > 0 and any(chain is None for chain in chains)

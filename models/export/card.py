@@ -192,8 +192,9 @@ def vllm_snippet(base: str, spec: dict, meta: dict | None = None) -> list[str]:
         return lines
     served, plugin = plugin_serving(rule)
     hybrid = json.dumps(spec | {"num_speculative_tokens": served})
+    grows = f", or as long as its match up to {rule['max_tokens']}" if rule.get("max_tokens") else ""
     longer = (
-        f" (a lookup chain of {rule['lookup_tokens']}; the drafter keeps its first {rule['k']})"
+        f" (a lookup chain of {rule['lookup_tokens']}{grows}; the drafter keeps its first {rule['k']})"
         if served > rule["k"]
         else ""
     )

@@ -120,3 +120,37 @@ def test_the_decoder_builds_the_choice_and_refuses_it_alone(backbone):
     assert isinstance(dec.proposer, LookupChoice) and dec.proposer.width == 4
     with pytest.raises(ValueError, match="lookup_min_match=2 needs lookup_tokens"):
         Decoder(backbone, MedusaOptions(heads, tree="chain"), lookup_min_match=2)
+
+
+def test_a_lookup_chain_grows_with_its_match_up_to_max_tokens():
+    inner, cpu = Fixed([10, 11], chain_tree(2)), torch.device("cpu")
+    copied = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 1, 2, 3, 4, 5]  # a 5-gram match
+    grows = LookupChoice(inner, 2, 2, cpu, max_tokens=8)
+    assert grows.width == 9 and grows.max_ngram == 8
+    assert grows.propose(copied, Sampling()).tokens.tolist() == [6, 7, 8, 9, 10]
+    assert LookupChoice(inner, 2, 2, cpu, max_tokens=4).propose(copied, Sampling()).tokens.tolist() == [
+        6,
+        7,
+        8,
+        9,
+    ]
+    assert LookupChoice(inner, 2, 2, cpu).propose(copied, Sampling()).tokens.tolist() == [6, 7]  # fixed L
+    short = grows.propose([4, 5, 6, 7, 8, 9, 4, 5], Sampling())  # a 2-gram match: L tokens
+    assert short.tokens.tolist() == [6, 7]
+    with pytest.raises(ValueError, match="lookup_max_tokens=1 is under lookup_tokens=2"):
+        LookupChoice(inner, 2, 2, cpu, max_tokens=1)
+
+
+def test_growing_lookup_chains_are_lossless(backbone):
+    torch.manual_seed(0)
+    drafter = build_drafter("eagle3", Eagle3Config(draft_vocab_size=259, ttt_steps=2), backbone).eval()
+    options = Eagle3Options(drafter, tree_nodes=2, topk=1, num_draft_tokens=2)
+    vanilla = Decoder(backbone)
+    dec = Decoder(backbone, options, lookup_tokens=2, lookup_min_match=1, lookup_max_tokens=8)
+    for text in TEXTS:
+        prompt = backbone.tokenizer(text)["input_ids"]
+        out = dec.generate(prompt, 40, eos_token_ids=[])
+        assert out.tokens == vanilla.generate(prompt, 40, eos_token_ids=[]).tokens, text
+    assert max(out.stats.accepted_per_step) > 3  # some step accepted more than the base chain of 2 could
+    with pytest.raises(ValueError, match="lookup_max_tokens=8 applies to the lookup chain choice only"):
+        Decoder(backbone, options, lookup_tokens=2, lookup_max_tokens=8)

@@ -29,6 +29,11 @@ def test_a_rule_is_served_as_the_longer_chain_with_the_drafter_cut():
     assert plugin_serving(same) == (3, {"headstart_lookup": {"min_match": 1}})
     assert served_rule({"lookup_rule": {"min_match": 2, "k": 2, "lookup_tokens": 4}}, 3) is None  # another K
     assert served_rule({"lookup_rule": {"min_match": None, "k": 2, "lookup_tokens": 2}}, 2) is None
+    grows = served_rule({"lookup_rule": {"min_match": 2, "k": 2, "lookup_tokens": 3, "max_tokens": 8}}, 2)
+    assert plugin_serving(grows) == (
+        8,
+        {"headstart_lookup": {"min_match": 2, "drafter_tokens": 2, "lookup_tokens": 3, "max_ngram": 8}},
+    )
 
 
 def test_tuning_decodes_every_rule_and_records_the_choice(backbone):
@@ -46,5 +51,11 @@ def test_tuning_decodes_every_rule_and_records_the_choice(backbone):
     chain, _ = chain_options("medusa", 1, heads)
     prompt = [5, 6, 7, 8, 9, 10] * 4
     rule = tune_lookup_rule(backbone, "medusa", loaded, chain, 1, [prompt], 12, lookup_lengths(1, 3))
-    assert set(rule.tau_by_rule) == {"none"} | {f"L={L},m={m}" for L in (1, 2, 3) for m in (1, 2, 3)}
+    grown = (
+        f"L={rule.lookup_tokens},m={rule.min_match},max=8"  # the chosen rule, tried growing with its match
+    )
+    fixed = {f"L={L},m={m}" for L in (1, 2, 3) for m in (1, 2, 3)}
+    assert set(rule.tau_by_rule) == {"none", grown} | fixed
     assert rule.min_match is not None and rule.k == 1 and rule.lookup_tokens in (1, 2, 3)
+    kept = rule.tau_by_rule[grown] > rule.tau_by_rule[grown.rsplit(",", 1)[0]] * (1 + TAU_SLACK)
+    assert rule.max_tokens == (8 if kept else None) and rule.served_k == (8 if kept else rule.lookup_tokens)

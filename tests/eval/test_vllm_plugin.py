@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from headstart.eval.engine.proposers.prompt_lookup import chain_length
 from headstart.eval.engine.proposers.prompt_lookup import find_match as ours
 from headstart.eval.serving import vllm_plugin as plugin
 
@@ -18,6 +19,9 @@ def test_the_search_is_headstarts_prompt_lookup():
         context = rng.integers(0, 4, size=int(rng.integers(1, 40)))  # a small alphabet: many repeats
         for max_ngram, k in ((3, 4), (2, 1), (1, 3)):
             assert plugin.find_match(context, max_ngram, k) == ours(torch.tensor(context), max_ngram, k)
+    for n in range(10):
+        for base in (None, 1, 3, 8):
+            assert plugin.chain_length(n, base, 8) == chain_length(n, base, 8)
 
 
 def test_the_lookup_chain_replaces_the_drafts_only_when_long_enough():
@@ -39,12 +43,27 @@ def test_a_lookup_chain_longer_than_the_drafters_own():
     assert plugin.choose(context, [1, 2, 3, 8], 3, drafter_tokens=0) == (False, [])  # lookup only
 
 
+def test_a_lookup_chain_grows_with_its_match():
+    """lookup_tokens L < K: a match of n tokens verifies max(L, n) of what followed it, at most K."""
+    copied = np.array([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 1, 2, 3, 4, 5])  # a 5-gram match
+    drafts = [0] * 8
+    assert plugin.choose(copied, drafts, 2, max_ngram=8, lookup_tokens=2) == (True, [6, 7, 8, 9, 10])
+    assert plugin.choose(copied, drafts, 2, max_ngram=3, lookup_tokens=2) == (
+        True,
+        [6, 7, 8],
+    )  # n capped at 3
+    assert plugin.choose(copied, drafts[:4], 2, max_ngram=8, lookup_tokens=2) == (True, [6, 7, 8, 9])  # K = 4
+    short = np.array([4, 5, 6, 7, 8, 9, 4, 5])  # a 2-gram match: L tokens, not K
+    assert plugin.choose(short, drafts, 2, max_ngram=8, lookup_tokens=3) == (True, [6, 7, 8])
+
+
 @pytest.mark.parametrize(
     ("config", "match"),
     [
         ({"headstart_lookup": {"min_match": 4}}, r"min_match=4: must be in 1..max_ngram \(3\)"),
         ({"headstart_lookup": {"min_mach": 2}}, r"unknown keys \['min_mach'\]. Fix"),
         ({"headstart_lookup": {"drafter_tokens": -1}}, r"drafter_tokens=-1: must be >= 0 \(0: lookup only\)"),
+        ({"headstart_lookup": {"lookup_tokens": 0}}, r"lookup_tokens=0: must be >= 1"),
     ],
 )
 def test_bad_settings_are_refused(config, match):
@@ -54,7 +73,7 @@ def test_bad_settings_are_refused(config, match):
 
 def test_settings_absent_means_the_plugin_stays_out():
     assert plugin.settings({}) is None and plugin.settings({"other": 1}) is None
-    default = {"min_match": 1, "max_ngram": 3, "drafter_tokens": None}
+    default = {"min_match": 1, "max_ngram": 3, "drafter_tokens": None, "lookup_tokens": None}
     assert plugin.settings({"headstart_lookup": {}}) == default
 
 
@@ -71,6 +90,7 @@ def test_engines_it_cannot_serve_are_refused_at_start():
         "min_match": 2,
         "max_ngram": 3,
         "drafter_tokens": None,
+        "lookup_tokens": None,
     }
     assert plugin._check_engine(engine(extra={}), "0.40.0") is None  # not asked for: any version
     with pytest.raises(RuntimeError, match="written for vLLM 0.32.x, found 0.33.1. Fix"):
@@ -82,6 +102,8 @@ def test_engines_it_cannot_serve_are_refused_at_start():
     too_long = {"headstart_lookup": {"drafter_tokens": 5}}
     with pytest.raises(RuntimeError, match="drafter_tokens=5 exceeds num_speculative_tokens=4"):
         plugin._check_engine(engine(extra=too_long), "0.32.0")
+    with pytest.raises(RuntimeError, match="lookup_tokens=6 exceeds num_speculative_tokens=4"):
+        plugin._check_engine(engine(extra={"headstart_lookup": {"lookup_tokens": 6}}), "0.32.0")
 
 
 def test_a_steps_drafts_are_rewritten_per_request():
@@ -91,7 +113,7 @@ def test_a_steps_drafts_are_rewritten_per_request():
     batch = SimpleNamespace(
         token_ids_cpu=tokens, num_tokens_no_spec=[6, 5, 0], req_id_to_index={"a": 0, "b": 1}
     )
-    rule = {"min_match": 2, "max_ngram": 3, "drafter_tokens": 1}
+    rule = {"min_match": 2, "max_ngram": 3, "drafter_tokens": 1, "lookup_tokens": None}
     runner = SimpleNamespace(_headstart_lookup=rule, input_batch=batch, _headstart_counts=[0, 0])
     drafts = SimpleNamespace(req_ids=["b", "a", "gone"], draft_token_ids=[[7, 7], [9, 9], [1, 1]])
     plugin._apply(runner, drafts)
@@ -104,7 +126,7 @@ def lookup_first_runner(drafter_tokens, rows, max_model_len=64):
     for i, row in enumerate(rows):
         tokens[i, : len(row)] = row
     batch = SimpleNamespace(token_ids_cpu=tokens, num_tokens_no_spec=np.array([len(r) for r in rows]))
-    rule = {"min_match": 2, "max_ngram": 3, "drafter_tokens": drafter_tokens}
+    rule = {"min_match": 2, "max_ngram": 3, "drafter_tokens": drafter_tokens, "lookup_tokens": None}
     return SimpleNamespace(
         _headstart_lookup=rule, input_batch=batch, _headstart_counts=[0, 0], max_model_len=max_model_len
     )
@@ -189,3 +211,10 @@ def test_lookup_chains_stop_at_the_models_length():
     assert plugin._lookup_first(runner, 4, [[5]], Drafter(1)) == [[6, 7]]
     full = lookup_first_runner(None, [[4, 5, 6, 7, 8, 4, 5]], max_model_len=7)
     assert plugin._lookup_first(full, 4, [[5]], Drafter(1)) == [[]]
+
+
+def test_lookup_first_chains_grow_with_their_match():
+    copied = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4]  # a 4-gram match
+    runner = lookup_first_runner(2, [copied, [4, 5, 6, 7, 8, 4, 5]])  # and a 2-gram one
+    runner._headstart_lookup |= {"lookup_tokens": 2, "max_ngram": 8}
+    assert plugin._lookup_first(runner, 8, [[4], [5]], Drafter(2)) == [[5, 6, 7, 8], [6, 7]]

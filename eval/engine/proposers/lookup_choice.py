@@ -8,7 +8,9 @@ stateless one, Medusa's heads, only when the lookup chain loses, as the plugin r
 the longest suffix n-gram (n <= max_ngram) seen earlier in the context (proposers/prompt_lookup.py). When
 n >= min_match, the (up to) `num_tokens` tokens that followed it are verified instead of the drafter's chain
 (vLLM, like its `ngram`, takes fewer drafts than num_speculative_tokens for a request; `num_tokens` may exceed the
-drafter's chain: a longer chain behind the same match only adds tokens).
+drafter's chain: a longer chain behind the same match only adds tokens). With `max_tokens` the chain is as long as
+the match when that is longer than `num_tokens`, up to `max_tokens`, and n-grams up to `max_tokens` are searched:
+suffix decoding's rule (prompt_lookup.py `chain_length`; the plugin's `lookup_tokens`).
 
 Lossless as any chain: both candidates are deterministic functions of the context (`Draft.probs` None) and the
 target verifies whichever is chosen. `accepted()` passes the path to the drafter unchanged: it indexes positions
@@ -20,14 +22,14 @@ from __future__ import annotations
 import torch
 
 from headstart.eval.engine.proposers.base import Draft, Proposer, Sampling
-from headstart.eval.engine.proposers.prompt_lookup import MAX_NGRAM, find_match
+from headstart.eval.engine.proposers.prompt_lookup import MAX_NGRAM, chain_length, find_match
 from headstart.eval.engine.tree import chain_tree
 
 
 class LookupChoice:
     """`inner` (a proposer of deterministic drafts, typically a chain of K) or up to `num_tokens` lookup tokens
-    when the context's suffix n-gram match is at least `min_match` long. `counts`: steps, steps that verified the
-    lookup chain."""
+    when the context's suffix n-gram match is at least `min_match` long (as many as the match, up to `max_tokens`,
+    when that is longer). `counts`: steps, steps that verified the lookup chain."""
 
     def __init__(
         self,
@@ -36,6 +38,7 @@ class LookupChoice:
         num_tokens: int,
         device: torch.device,
         max_ngram: int = MAX_NGRAM,
+        max_tokens: int | None = None,
     ):
         if not 1 <= min_match <= max_ngram:
             raise ValueError(
@@ -44,14 +47,16 @@ class LookupChoice:
             )
         if num_tokens < 1:
             raise ValueError(f"lookup_tokens={num_tokens}: must be >= 1 with lookup_min_match")
-        self.inner, self.m, self.k, self.max_ngram, self.device = (
-            inner,
-            min_match,
-            num_tokens,
-            max_ngram,
-            device,
-        )
-        self.width = max(inner.width, num_tokens + 1)
+        if max_tokens is not None and max_tokens < num_tokens:
+            raise ValueError(
+                f"lookup_max_tokens={max_tokens} is under lookup_tokens={num_tokens}. "
+                "Fix: lookup_max_tokens >= lookup_tokens, or leave it unset for chains of lookup_tokens"
+            )
+        self.inner, self.m, self.device = inner, min_match, device
+        # base None: every chain `most` long (today's fixed rule); else suffix-style lengths up to `most`
+        self.base, self.most = (None, num_tokens) if max_tokens is None else (num_tokens, max_tokens)
+        self.max_ngram = max_ngram if max_tokens is None else max(max_ngram, max_tokens)
+        self.width = max(inner.width, self.most + 1)
         self.counts = {"steps": 0, "lookup": 0}
 
     def start(self, prompt: list[int], hidden: torch.Tensor) -> None:
@@ -59,7 +64,8 @@ class LookupChoice:
 
     def propose(self, context: list[int], sampling: Sampling) -> Draft | None:
         self.counts["steps"] += 1
-        n, chain = find_match(torch.tensor(context), self.max_ngram, self.k)
+        n, chain = find_match(torch.tensor(context), self.max_ngram, self.most)
+        chain = chain[: chain_length(n, self.base, self.most)]
         matched = n >= self.m and bool(chain)
         # a stateless drafter (its propose changes nothing) is skipped when the lookup chain wins, as the plugin
         # skips vLLM's Medusa heads; one with state (a draft KV cache) runs every step so that state follows

@@ -30,6 +30,12 @@ def find_match(context: torch.Tensor, max_ngram: int, num_tokens: int) -> tuple[
     return 0, []
 
 
+def chain_length(n: int, base: int | None, most: int) -> int:
+    """How many tokens a lookup chain behind a match of n tokens verifies: `most` when `base` is None, else
+    `base`, or n when the match is longer, at most `most` (suffix decoding's rule, its factor 1)."""
+    return most if base is None else min(most, max(base, n))
+
+
 def find_candidates(context: torch.Tensor, max_ngram: int, num_tokens: int) -> list[int]:
     """The tokens of `find_match`, or [] when no suffix n-gram matches."""
     return find_match(context, max_ngram, num_tokens)[1]
