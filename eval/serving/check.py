@@ -220,7 +220,7 @@ def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new) -> dict 
     and written there -> {"min_match", "k", "lookup_tokens", "max_tokens"}, or None: the drafter alone was best, so there is
     no hybrid to serve."""
     from headstart.eval.stage.prompts import chat_ids
-    from headstart.eval.tuning.lookup_rule import DRAFT_TOKENS, lookup_lengths, tune_lookup_rule
+    from headstart.eval.tuning.lookup_rule import DRAFT_TOKENS, LONG_CHAIN, lookup_lengths, tune_lookup_rule
     from headstart.models.decoding import read_decoding, served_rule, write_decoding
     from headstart.vllm_runner import on_gpu
 
@@ -239,9 +239,11 @@ def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new) -> dict 
         proposer = registry.proposer_of(loaded.meta["method"])
         chain, _ = chain_options(proposer, k, loaded.drafter)
         _, reachable = chain_options(proposer, DRAFT_TOKENS, loaded.drafter)
+        # vLLM builds num_speculative_tokens Medusa heads: a chain grows no longer than the heads shipped
+        _, longest = chain_options(proposer, LONG_CHAIN, loaded.drafter)
         ids = [chat_ids(backbone.tokenizer, [{"role": "user", "content": q}]) for q in questions]
         tuned = tune_lookup_rule(
-            backbone, proposer, loaded, chain, k, ids, max_new, lookup_lengths(k, reachable)
+            backbone, proposer, loaded, chain, k, ids, max_new, lookup_lengths(k, reachable), longest
         )
         rule = tuned.to_json()
         if record:

@@ -9,7 +9,14 @@ step also emits one token from the target (the bonus or the correction), so
     tau = (accepted + drafts) / drafts = 1 + accepted / drafts          rate_i = accepted_per_pos[i] / drafts
 
 which is headstart's tau (tokens per target forward) and accepted_by_position / proposed_by_position for a
-chain. Steps without a draft (none here: every step of a chain drafts) would be missing from both sides.
+chain. Steps without a draft (an `ngram` or `suffix` proposer that found no match) are missing from those
+counters, so that quotient is tau per drafting step, higher than tokens per forward. With the tokens each request
+generated after its prefill (`emitted`, counted by the caller: the counters do not have it), every decode forward
+counts: each emits its accepted drafts plus one token, so forwards = emitted - accepted and
+
+    tau = emitted / (emitted - accepted)
+
+headstart's tau for any proposer, drafting every step or not.
 """
 
 from __future__ import annotations
@@ -50,7 +57,10 @@ def delta(after: dict, before: dict) -> dict:
 
 
 def tau(c: dict) -> float:
-    """1 + accepted / drafts; 1.0 when nothing was drafted (every token from the target alone)."""
+    """Tokens per decode forward: emitted / (emitted - accepted) when `emitted` was counted, else 1 + accepted /
+    drafts (per drafting step); 1.0 when nothing was drafted (every token from the target alone)."""
+    if c.get("emitted", 0) > c["accepted"]:
+        return c["emitted"] / (c["emitted"] - c["accepted"])
     return 1.0 + c["accepted"] / c["drafts"] if c["drafts"] else 1.0
 
 

@@ -47,6 +47,7 @@ class VllmRunner:
     def __init__(self, engine, eos: list[int]) -> None:
         self.engine, self.eos = engine, eos
         self.before: dict | None = None
+        self.emitted = 0  # tokens generated after each prefill, EOS included (counters.tau)
 
     def warm_up(self, prompt: list[int]) -> None:
         self.engine.generate([prompt], 8, stop_token_ids=self.eos)  # first-call costs out of the timing
@@ -54,11 +55,13 @@ class VllmRunner:
 
     def run(self, prompt: list[int], max_new: int) -> tuple[list[int], float]:
         reply = self.engine.generate([prompt], max_new, stop_token_ids=self.eos)
-        return strip_eos(reply["outputs"][0]["token_ids"], set(self.eos)), reply["time_s"]
+        tokens = reply["outputs"][0]["token_ids"]
+        self.emitted += max(len(tokens) - 1, 0)  # the first token is the prefill's
+        return strip_eos(tokens, set(self.eos)), reply["time_s"]
 
     def counters(self) -> dict:
-        """Counters accumulated since the warm-up."""
-        return vc.delta(vc.spec_counters(self.engine.metrics()), self.before)
+        """Counters accumulated since the warm-up, with the tokens emitted by its decode steps."""
+        return vc.delta(vc.spec_counters(self.engine.metrics()), self.before) | {"emitted": self.emitted}
 
 
 class OursRunner:

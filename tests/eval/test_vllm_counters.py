@@ -40,6 +40,31 @@ def test_tau_and_rates_by_hand():
     assert vc.position_rates(c) == pytest.approx([0.7, 0.4, 0.1])
 
 
+def test_steps_without_a_draft_count_as_forwards():
+    """An ngram proposer that matched on 10 of 16 decode steps (12 drafts accepted): 28 tokens after the prefill
+    over 16 forwards, tau 1.75, not the 2.2 of its drafting steps alone."""
+    c = vc.delta(vc.spec_counters(metrics(10, 12, [7, 4, 1])), vc.spec_counters([])) | {"emitted": 28}
+    assert vc.tau(c) == pytest.approx(28 / 16)
+    assert vc.tau(c | {"emitted": 22}) == pytest.approx(2.2)  # every step drafted: the same either way
+
+
+def test_the_vllm_runner_counts_tokens_after_each_prefill():
+    from headstart.eval.serving.side_by_side import VllmRunner
+
+    class Engine:
+        def generate(self, prompts, max_new, stop_token_ids):
+            return {"outputs": [{"token_ids": [5, 6, 7, 2]}], "time_s": 0.1}
+
+        def metrics(self):
+            return metrics(2, 1, [1])
+
+    runner = VllmRunner(Engine(), [2])
+    runner.warm_up([1])
+    assert runner.run([1], 8) == ([5, 6, 7], 0.1)  # EOS stripped from the output, counted as emitted
+    runner.run([1], 8)
+    assert runner.counters()["emitted"] == 6
+
+
 def test_no_drafts_is_tau_one():
     c = vc.spec_counters([])
     assert vc.tau(c) == 1.0 and vc.position_rates(c) == []

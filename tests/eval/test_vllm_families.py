@@ -75,10 +75,19 @@ def test_family_heads_serve_in_vllm_as_in_headstart(tmp_path, family):
     assert abs(theirs[0] - (ours[0] if ours else 0.0)) <= 0.1, (family, theirs, ours)
 
 
-def test_an_eagle3_drafter_with_the_lookup_chain_serves_as_in_headstart(tmp_path):
+@pytest.mark.parametrize(
+    "rule",
+    [
+        {"min_match": 1, "k": 1, "lookup_tokens": 3},
+        {"min_match": 1, "k": 1, "lookup_tokens": 2, "max_tokens": 8},
+    ],
+    ids=["fixed", "growing"],
+)
+def test_an_eagle3_drafter_with_the_lookup_chain_serves_as_in_headstart(tmp_path, rule):
     """headstart's plugin with an EAGLE-3 drafter (a KV cache that follows every step; the plugin runs its
     further passes only as far as the step needs them): vLLM stays lossless (fp32 greedy == its plain greedy)
-    and accepts as headstart's decoder running the same rule (a chain of 1 behind a lookup chain of 3)."""
+    and accepts as headstart's decoder running the same rule (a chain of 1 behind a lookup chain of 3, or of 2
+    growing with its match up to 8: num_speculative_tokens 8)."""
     from headstart.eval.serving.check import export_layouts, hybrid_spec
 
     # 8 layers: three distinct fused layers (2, 4, 5); vLLM captures each layer once, so the 2-layer model's
@@ -90,7 +99,6 @@ def test_an_eagle3_drafter_with_the_lookup_chain_serves_as_in_headstart(tmp_path
     backbone.model.save_pretrained(target)
     backbone.tokenizer.save_pretrained(target)
     prompts = [backbone.tokenizer(text)["input_ids"] for text in TEXTS]
-    rule = {"min_match": 1, "k": 1, "lookup_tokens": 3}
     lay = next(lay for lay in export_layouts(drafter_dir, meta, tmp_path / "export") if lay.required)
 
     spec = engine_spec(
@@ -106,7 +114,8 @@ def test_an_eagle3_drafter_with_the_lookup_chain_serves_as_in_headstart(tmp_path
 
     loaded = LoadedDrafter(*load_drafter(drafter_dir, backbone, meta), drafter_dir)
     chain, _ = chain_options("eagle3", rule["k"], loaded.drafter)
-    decoder = build_decoder("eagle3", backbone, loaded, **chain, lookup_tokens=3, lookup_min_match=1)
+    decoder = build_decoder("eagle3", backbone, loaded, **chain, lookup_tokens=rule["lookup_tokens"],
+                            lookup_min_match=1, lookup_max_tokens=rule.get("max_tokens"))  # fmt: skip
     tau, _ = greedy_tau(decoder, prompts, NEW)
     theirs = 1 + counters["accepted"] / counters["drafts"]
     print(f"EAGLE-3 hybrid: tau vLLM {theirs:.3f}, headstart {tau:.3f}")
