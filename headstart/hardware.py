@@ -30,18 +30,23 @@ MIXED_PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "no"}
 # x86 flags of native bf16 / fp16 matmuls (AMX tiles, AVX-512 dot products); ARM: the `bf16` / `fphp` features
 CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")
 CPU_FP16_FLAGS = ("amx_fp16", "avx512_fp16", "fphp")
+# the x86 ones need AVX-512 kernels: torch dispatching AVX2 (ATEN_CPU_CAPABILITY=avx2) or oneDNN capped below them
+# (ONEDNN_MAX_CPU_ISA=AVX2) computes bf16 as an AVX2-only CPU does, emulated
+X86_NATIVE_FLAGS = frozenset({"amx_bf16", "avx512_bf16", "amx_fp16", "avx512_fp16"})
 
 
 @dataclass(frozen=True)
 class Capabilities:
     """What one device computes natively. `kind`: cpu | cuda | mps; `cuda_bf16`: torch.cuda.is_bf16_supported
     without emulation; `isa`: torch.backends.cpu.get_cpu_capability() (AVX2, AVX512, SVE256, ...); `cpu_flags`:
-    the /proc/cpuinfo flags (x86) or Features (ARM) that matter here."""
+    the /proc/cpuinfo flags (x86) or Features (ARM) that matter here and the kernels can use; `unused`: why the
+    CPU's other native flags are not (see `usable_flags`), empty when none are dropped."""
 
     kind: str = "cpu"
     cuda_bf16: bool = False
     isa: str = ""
     cpu_flags: frozenset[str] = field(default_factory=frozenset)
+    unused: str = ""
 
     def native(self, dtype: str) -> bool:
         if dtype == "float32":
@@ -59,7 +64,8 @@ class Capabilities:
         if self.kind != "cpu":
             return self.kind.upper()
         bf16 = sorted(self.cpu_flags & set(CPU_BF16_FLAGS))
-        return f"CPU {self.isa or '?'} ({', '.join(bf16) if bf16 else 'no native bf16'})"
+        unused = f"; {self.unused}" if self.unused else ""
+        return f"CPU {self.isa or '?'} ({', '.join(bf16) if bf16 else 'no native bf16'}{unused})"
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,27 @@ def _read_cpuinfo() -> str:
         return ""
 
 
+def usable_flags(
+    flags: frozenset[str], isa: str, onednn_max_isa: str | None = None
+) -> tuple[frozenset[str], str]:
+    """The native-dtype flags the kernels can use -> (flags, why the others are not: "" when all are). x86's bf16
+    and fp16 instructions are AVX-512 ones: with torch dispatching below AVX-512 (`isa`, ATEN_CPU_CAPABILITY) or
+    oneDNN capped below them (ONEDNN_MAX_CPU_ISA), bf16 runs emulated, as on an AVX2-only CPU."""
+    x86 = flags & X86_NATIVE_FLAGS
+    if not x86:
+        return flags, ""
+    cap = (onednn_max_isa or "ALL").upper()
+    if not isa.upper().startswith("AVX512"):
+        why = f"torch dispatches {isa or '?'} kernels"
+    elif (
+        cap in ("ALL", "DEFAULT") or cap.startswith("AVX10") or any(s in cap for s in ("BF16", "AMX", "FP16"))
+    ):
+        return flags, ""
+    else:
+        why = f"ONEDNN_MAX_CPU_ISA={cap}"
+    return flags - x86, f"{', '.join(sorted(x86))} unused: {why}"
+
+
 @cache
 def _cpu_capabilities() -> Capabilities:
     flags = set(cpu_flags(_read_cpuinfo()))
@@ -109,7 +136,9 @@ def _cpu_capabilities() -> Capabilities:
         probe = getattr(torch.cpu, name, None)
         if probe is not None and probe():
             flags.add(flag)
-    return Capabilities("cpu", isa=torch.backends.cpu.get_cpu_capability(), cpu_flags=frozenset(flags))
+    isa = torch.backends.cpu.get_cpu_capability()
+    usable, unused = usable_flags(frozenset(flags), isa, os.environ.get("ONEDNN_MAX_CPU_ISA"))
+    return Capabilities("cpu", isa=isa, cpu_flags=usable, unused=unused)
 
 
 def capabilities(device: torch.device | str = "cpu") -> Capabilities:
@@ -161,7 +190,7 @@ def _auto_reason(caps: Capabilities) -> str:
         return f"auto: {where} computes bf16 natively"
     if caps.kind == "cuda":
         return f"auto: {where} has no native bf16, fp16 is native"
-    return f"auto: {where} has no native bf16 (emulated, its matmuls would run 13-70x slower)"
+    return f"auto: {where}: bf16 would be emulated there, its matmuls 13-70x slower than float32"
 
 
 def resolve_mixed_precision(

@@ -15,6 +15,7 @@ from headstart.hardware import (
     cpu_model,
     resolve_dtype,
     resolve_mixed_precision,
+    usable_flags,
 )
 
 AMX = Capabilities("cpu", isa="AVX512", cpu_flags=frozenset({"amx_bf16", "avx512_bf16"}))
@@ -73,6 +74,24 @@ def test_auto_resolves_to_the_native_dtype(caps, dtype, precision, caplog):
     assert choice.reason.startswith("auto: ") and caps.describe() in choice.reason
     assert choice.record() == {"requested": "auto", "resolved": dtype, "reason": choice.reason}
     assert not caplog.records  # auto never warns
+
+
+def test_avx512_bf16_kernels_capped_below_it_are_not_native():
+    """An AVX-512 BF16 CPU with torch dispatching AVX2 (ATEN_CPU_CAPABILITY=avx2) or oneDNN capped at AVX2 runs bf16
+    emulated, as an AVX2-only CPU does: auto picks float32 and says which setting capped it."""
+    flags = frozenset({"avx512_bf16", "amx_bf16"})
+    assert usable_flags(flags, "AVX512") == (flags, "")
+    assert usable_flags(flags, "AVX512", "avx512_core_amx") == (flags, "")
+    assert usable_flags(flags, "AVX2") == (
+        frozenset(),
+        "amx_bf16, avx512_bf16 unused: torch dispatches AVX2 kernels",
+    )
+    assert usable_flags(flags, "AVX512", "avx2")[1] == "amx_bf16, avx512_bf16 unused: ONEDNN_MAX_CPU_ISA=AVX2"
+    assert usable_flags(frozenset({"bf16"}), "DEFAULT") == (frozenset({"bf16"}), "")  # ARM: not x86's rule
+    usable, unused = usable_flags(flags, "AVX2")
+    capped = Capabilities("cpu", isa="AVX2", cpu_flags=usable, unused=unused)
+    choice = resolve_dtype("auto", caps=capped)
+    assert choice.dtype == "float32" and "torch dispatches AVX2 kernels" in choice.reason
 
 
 def test_the_reason_names_what_decided():
