@@ -73,14 +73,19 @@ def rule_name(rule: tuple | None) -> str:
 
 def tune_lookup_rule(
     backbone, proposer: str, loaded, chain: dict, k: int, prompts: list[list[int]], max_new: int,
-    lengths: list[int] | None = None, long_chain: int | None = LONG_CHAIN,
+    lengths: list[int] | None = None, long_chain: int | None = LONG_CHAIN, known: dict[str, float] | None = None,
 ) -> LookupRule:  # fmt: skip
     """Greedy tau of the drafter's chain of k (decoder options `chain`) alone and with a lookup chain of each L
     in `lengths` (default: k) chosen at each m -> the rule `pick_rule` keeps, then that rule with chains growing
-    up to `long_chain` (None: not tried), kept when its tau is more than TAU_SLACK higher."""
+    up to `long_chain` (None: not tried), kept when its tau is more than TAU_SLACK higher. `known`: taus by
+    `rule_name` already measured on these prompts (an older record's), not decoded again."""
     taus: dict = {}
 
     def score(rule: tuple | None, step: str) -> float:
+        if rule_name(rule) in (known or {}):
+            taus[rule] = known[rule_name(rule)]
+            log.info("lookup rule %s, %s: greedy tau %.3f (recorded)", step, rule_name(rule), taus[rule])
+            return taus[rule]
         extra = {}
         if rule is not None:
             extra = {"lookup_tokens": rule[0], "lookup_min_match": rule[1]}

@@ -59,3 +59,28 @@ def test_tuning_decodes_every_rule_and_records_the_choice(backbone):
     assert rule.min_match is not None and rule.k == 1 and rule.lookup_tokens in (1, 2, 3)
     kept = rule.tau_by_rule[grown] > rule.tau_by_rule[grown.rsplit(",", 1)[0]] * (1 + TAU_SLACK)
     assert rule.max_tokens == (8 if kept else None) and rule.served_k == (8 if kept else rule.lookup_tokens)
+
+
+def test_recorded_taus_are_not_decoded_again(backbone, monkeypatch):
+    """An older record's fixed-chain taus (same prompts) are reused: only the growing chain is decoded."""
+    import headstart.eval.tuning.lookup_rule as lookup_rule
+
+    built = []
+    real = lookup_rule.build_decoder
+    monkeypatch.setattr(lookup_rule, "build_decoder", lambda *a, **kw: built.append(kw) or real(*a, **kw))
+    import torch
+
+    from headstart.eval.engine.proposers import chain_options
+    from headstart.models.checkpoint import LoadedDrafter, build_drafter
+    from headstart.models.medusa import MedusaConfig
+
+    torch.manual_seed(0)
+    heads = build_drafter("medusa", MedusaConfig(num_heads=3), backbone).eval()
+    chain, _ = chain_options("medusa", 1, heads)
+    known = {"none": 1.0, "L=1,m=1": 1.2, "L=1,m=2": 1.5, "L=1,m=3": 1.1}
+    rule = tune_lookup_rule(
+        backbone, "medusa", LoadedDrafter(heads, {"method": "medusa"}), chain, 1, [[5, 6, 7, 8] * 4], 8,
+        [1], long_chain=3, known=known,
+    )  # fmt: skip
+    assert built == [chain | {"lookup_tokens": 1, "lookup_min_match": 2, "lookup_max_tokens": 3}]
+    assert {k: rule.tau_by_rule[k] for k in known} == known and (rule.lookup_tokens, rule.min_match) == (1, 2)
