@@ -8,8 +8,9 @@ K when unset). So the lookup chain can be longer than the drafter's own best cha
 the lookup chain's length. With `lookup_tokens: L` (< K) the chain is L tokens, or as many as the match is long
 when that is more, up to K: suffix decoding's rule (Arctic Inference drafts up to its match length times a factor,
 1 by default), so a context that is being copied (code under edit, a quoted document) is verified in long chains
-and a short, uncertain match in short ones; `max_ngram` should then be K, so that the match can grow that long. This is the rule of eval/engine/proposers/lookup_choice.py, which headstart's eval
-stage runs, so its figures predict the server's. vLLM's own rejection sampler verifies whatever is proposed:
+and a short, uncertain match in short ones; `max_ngram` should then be K, so that the match can grow that long.
+This is the rule of eval/engine/proposers/lookup_choice.py, which headstart's eval stage runs, so its figures
+predict the server's. vLLM's own rejection sampler verifies whatever is proposed:
 lossless as any speculative decoding, greedy or sampled (both drafts are point masses).
 
 Serve it (the plugin loads through vLLM's `vllm.general_plugins` entry point once headstart is installed in vLLM's
