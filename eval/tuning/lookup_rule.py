@@ -8,13 +8,12 @@ same match (its accepted prefix is never shorter), and the lookup chain of vLLM'
 L is searched from k up to that (capped by what the drafter can serve: a Medusa export ships max(k, L) heads).
 A verify of up to ~5 tokens costs about one of 1 on the hardware this targets (memory-bound steps; docs/results.md
 has the CPU's curve) and the drafter's own cost is small (Medusa heads run only on steps the lookup loses), so the
-rule is chosen by greedy tau: the
-highest, then among rules within TAU_SLACK of it the shortest L (the narrower verify) and the largest m (fewer
-drafts replaced). The chosen (L, m) is then tried with chains that grow with their match up to LONG_CHAIN tokens
-(suffix decoding's rule: a match of n > L tokens verifies n), kept only when its tau is more than TAU_SLACK higher:
-those steps verify up to LONG_CHAIN + 1 tokens, which is not free. This decodes the tuning prompts greedily once
-per (L, m), once with the drafter alone and once growing; prompts the figure is later scored on must not be among them (the caller's duty, checked in
-eval/serve_check.py).
+rule is chosen by greedy tau: the highest, then among rules within TAU_SLACK of it the shortest L (the narrower
+verify) and the largest m (fewer drafts replaced). The chosen (L, m) is then tried with chains that grow with their
+match up to LONG_CHAIN tokens (suffix decoding's rule: a match of n > L tokens verifies n), kept only when its tau
+is more than TAU_SLACK higher: those steps verify up to LONG_CHAIN + 1 tokens, which is not free. This decodes the
+tuning prompts greedily once per (L, m), once with the drafter alone and once growing; prompts the figure is later
+scored on must not be among them (the caller's duty, checked in eval/serve_check.py).
 """
 
 from __future__ import annotations
