@@ -263,6 +263,8 @@ def machine_facts(device: torch.device | str = "cpu") -> dict:
         "device_name": _cuda_name(device) if device.type == "cuda" else cpu_model(),
         "torch": torch.__version__,
     }
+    if caps.unused:  # kernels capped below the CPU's (an emulated machine): say so beside every figure
+        facts["unused"] = caps.unused
     return facts
 
 
@@ -276,6 +278,7 @@ def _cuda_name(device: torch.device) -> str:
 def machine_line(facts: dict, dtype: str) -> str:
     """One line naming the machine, for a report header or a benchmark's first line."""
     bf16 = ", ".join(facts["cpu_bf16"]) or "no native bf16"
+    bf16 += f"; {facts['unused']}" if facts.get("unused") else ""
     where = facts["device_name"] if facts["device"].startswith("cuda") else facts["device"]
     return (
         f"machine: {facts['cpu']} ({facts['isa']}, {bf16}), {facts['blas']}, {facts['threads']} threads of "

@@ -176,3 +176,12 @@ def test_machine_facts_name_the_machine():
     line = hardware.machine_line(facts, "float32")
     assert line.startswith(f"machine: {facts['cpu']} ({facts['isa']}, ") and "float32" in line
     assert f"{facts['threads']} threads" in line and facts["blas"] in line
+    capped = facts | {
+        "isa": "AVX2",
+        "cpu_bf16": [],
+        "unused": "avx512_bf16 unused: torch dispatches AVX2 kernels",
+    }
+    assert (
+        "(AVX2, no native bf16; avx512_bf16 unused: torch dispatches AVX2 kernels)"
+        in hardware.machine_line(capped, "float32")
+    )
