@@ -1,10 +1,10 @@
 """The tuner's records in a checkpoint's decoding.json (models/decoding.py): the conditions a choice is valid
 for, reusing the record of this eval's condition or tuning and adding one, and the report's `decoding` entry.
 
-A condition is the temperature class (greedy / sampled), device, dtype, the CPU threads the settings were
-chosen for (`tuner.threads`: a setting, by default torch's count, i.e. OMP_NUM_THREADS or the machine's cores,
-never the cores free at start, so a busy machine at start neither changes the tree nor hides the record an idle
-one wrote), how the drafter's layers are stored, the weights, the lookup branch and whether the verify steps run
+A condition is the temperature class (greedy / sampled), device (a CPU by its model and kernels' ISA), dtype, the
+CPU threads the settings were chosen for (`tuner.threads`: a setting, by default torch's count, i.e.
+OMP_NUM_THREADS or the machine's cores, never the cores free at start, so a busy machine at start neither changes
+the tree nor hides the record an idle one wrote), how the drafter's layers are stored, the weights, the lookup branch and whether the verify steps run
 compiled. Each condition keeps its own record: a temperature-1 eval never replaces the greedy eval's tree.
 """
 
@@ -19,6 +19,7 @@ import torch
 from headstart.eval.tuning.prompts import ProbePrompts, normalise
 from headstart.eval.tuning.speed_model import speedup_at
 from headstart.eval.tuning.tuner import GREEDY, PLAIN, VERSION, TunerConfig, Use, tune
+from headstart.hardware import capabilities, cpu_model
 from headstart.models.checkpoint import LoadedDrafter, weights_signature
 from headstart.models.decoding import (
     condition_of,
@@ -33,7 +34,11 @@ log = logging.getLogger("headstart.eval")
 
 
 def device_name(dev: torch.device) -> str:
-    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu"
+    """The GPU's name, or the CPU's model and the ISA its kernels run at ('AMD EPYC, AVX2'): a record priced on
+    one CPU's kernels is not reused on another's (a drafter folder copied between machines, kernels capped)."""
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    return f"{cpu_model()}, {capabilities('cpu').isa or platform.machine()}"
 
 
 def planned_threads(cfg: TunerConfig) -> int:

@@ -17,8 +17,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class FakeEngine:
-    """A vLLM engine stand-in: every answer is `max_tokens` tokens (no EOS); a speculative engine with K drafts
-    accepts ACCEPT[K] tokens a step and takes STEP_S[K] seconds a step, a plain one PLAIN_S a token."""
+    """A vLLM engine stand-in: every answer is `max_tokens` tokens (no EOS), the first from the prefill; a
+    speculative engine with K drafts accepts ACCEPT[K] tokens a step and takes STEP_S[K] seconds a step (the
+    prefill's time folded in), a plain one PLAIN_S a token."""
 
     PLAIN_S = 0.010
     STEP_S = {1: 0.011, 2: 0.012, 3: 0.016, 4: 0.020}  # 4: the ngram baseline's K
@@ -34,9 +35,9 @@ class FakeEngine:
     def generate(self, prompts, max_tokens, temperature=0.0, seeds=None, stop_token_ids=None):
         if not self.k:
             return {"outputs": [{"token_ids": [5] * max_tokens}], "time_s": max_tokens * self.PLAIN_S}
-        steps = math.ceil(max_tokens / (1 + self.ACCEPT[self.k]))
+        steps = math.ceil((max_tokens - 1) / (1 + self.ACCEPT[self.k]))
         self.drafts += steps
-        self.accepted += max_tokens - steps
+        self.accepted += max_tokens - 1 - steps
         return {"outputs": [{"token_ids": [5] * max_tokens}], "time_s": steps * self.STEP_S[self.k]}
 
     def metrics(self):
@@ -192,9 +193,9 @@ def test_the_k_sweep_serves_every_k_side_by_side_and_keeps_the_fastest(medusa_ck
     assert all(s["kv_cache_memory_bytes"] == 3 * 2**30 // 4 for s in fake_vllm.started)
     by_k = report["summary"]["by_k"]
     # K=2: 1.8 tokens a step at 12 ms vs plain 10 ms a token -> 1.5x; K=1 1.36x; K=3 1.19x
-    steps = math.ceil(30 / 1.8)
+    steps = math.ceil(29 / 1.8)  # after the prefill's token
     assert by_k[2]["speedup"] == pytest.approx((30 / (steps * 0.012)) / 100)
-    assert by_k[2]["tau"] == pytest.approx(1 + (30 - steps) / steps)
+    assert by_k[2]["tau"] == pytest.approx(29 / steps)
     assert by_k[2]["step_ms"] == pytest.approx(12.0)
     assert by_k[1]["speedup"] < by_k[2]["speedup"] and by_k[3]["speedup"] < by_k[2]["speedup"]
     # the table's prediction at vLLM's own step costs: chain of 2 expects 1 + 0.5 + 0.5 * 0.4 = 1.7 tokens
@@ -272,9 +273,8 @@ def test_the_serve_check_starts_every_engine_first_and_interleaves(medusa_ckpt, 
     )
     assert report["timing"] == "interleaved" and report["k"] == 2
     (row,) = report["layouts"]
-    assert row["vllm"]["loaded"] and row["vllm"]["tau"] == pytest.approx(
-        1 + (12 - 7) / 7
-    )  # ceil(12 / 1.8) = 7
+    # 11 tokens after the prefill's in ceil(11 / 1.8) = 7 forwards
+    assert row["vllm"]["loaded"] and row["vllm"]["tau"] == pytest.approx(11 / 7)
     assert len(row["vllm"]["per_prompt"]) == 4 and len(row["ours"]["per_prompt"]) == 4
     b = report["baselines"]
     assert set(b["speedup"]) == {"vllm:medusa-vllm", "vllm:ngram", "ours:drafter", "ours:prompt_lookup"}
