@@ -18,7 +18,7 @@ import torch
 
 from headstart.eval.tuning.prompts import ProbePrompts, normalise
 from headstart.eval.tuning.speed_model import speedup_at
-from headstart.eval.tuning.tuner import GREEDY, PLAIN, VERSION, TunerConfig, Use, tune
+from headstart.eval.tuning.tuner import GREEDY, PLAIN, VERSION, TunerConfig, Use, decide_speedup, tune
 from headstart.hardware import capabilities, cpu_model
 from headstart.models.checkpoint import LoadedDrafter, weights_signature
 from headstart.models.decoding import (
@@ -113,11 +113,13 @@ def load_or_tune(method: str, backbone, loaded: LoadedDrafter, probe: ProbePromp
         old = read_decodings(ckpt) if ckpt else []
         mine = [r for r in old if matches(r, backbone, loaded, use, threads)]
         if mine and cfg.mode == "auto" and not _tuned_on_scored(mine[-1], scored_texts):
-            name = describe(mine[-1])
+            record, name = redecide(mine[-1], cfg.min_gain), describe(mine[-1])
             log.info(
-                "decoding settings from %s/decoding.json (%s): %s", ckpt, name, mine[-1]["decoder_summary"]
+                "decoding settings from %s/decoding.json (%s): %s", ckpt, name, record["decoder_summary"]
             )
-            return Tuned(mine[-1], True, name)
+            if record["choice"] != mine[-1]["choice"]:
+                _log_choice(record)
+            return Tuned(record, True, name)
         log.info("tuning decoding settings for %s on %s (%s, %d threads)",
                  ckpt or "the drafter", backbone.device, method, threads)  # fmt: skip
         record = tune(method, backbone, loaded, probe.ids, cfg, use)
@@ -131,6 +133,15 @@ def load_or_tune(method: str, backbone, loaded: LoadedDrafter, probe: ProbePromp
         return Tuned(record, False, describe(record))
     finally:
         torch.set_num_threads(before)
+
+
+def redecide(record: dict, min_gain: float) -> dict:
+    """A reused record's choice under this eval's `tuner.min_gain` (its prediction is kept, the decision is the
+    setting's): the record itself when unchanged, else a copy with the new choice."""
+    if record.get("min_gain") == min_gain or "speedup" not in record.get("predicted", {}):
+        return record
+    choice, reason = decide_speedup(record["predicted"]["speedup"], record["decoder_summary"], min_gain)
+    return record | {"choice": choice, "choice_reason": reason, "min_gain": min_gain}
 
 
 def _save(ckpt, record: dict) -> None:

@@ -108,6 +108,28 @@ def test_plain_is_chosen_when_nothing_is_predicted_faster_and_said():
     assert decide(_ranked(1.2, 0.9)) == (SPECULATE, "predicted 1.200x over plain decoding")
 
 
+def test_speculation_must_be_predicted_min_gain_faster():
+    choice, reason = decide(_ranked(1.05), min_gain=0.10)
+    assert (
+        choice == PLAIN and "10% faster than plain decoding (tuner.min_gain)" in reason and "1.050x" in reason
+    )
+    assert decide(_ranked(1.12), min_gain=0.10)[0] == SPECULATE
+    with pytest.raises(ValueError, match=r"tuner.min_gain=1.5: expected in \[0, 1\)"):
+        TunerConfig(min_gain=1.5)
+
+
+def test_a_reused_record_is_decided_under_this_evals_min_gain():
+    """A record tuned before min_gain (or under another) is re-decided from its prediction, never ignored."""
+    from headstart.eval.tuning.records import redecide
+
+    old = {"choice": SPECULATE, "choice_reason": "predicted 1.050x", "predicted": {"speedup": 1.05},
+           "decoder_summary": {"nodes": 3}}  # fmt: skip
+    assert redecide(old, 0.10)["choice"] == PLAIN and redecide(old, 0.10)["min_gain"] == 0.10
+    assert redecide(old, 0.0)["choice"] == SPECULATE and old["choice"] == SPECULATE  # a copy, not the record
+    same = old | {"min_gain": 0.10}
+    assert redecide(same, 0.10) is same
+
+
 # ---------------------------------------------------------------- the eval stage (tiny backbone)
 
 
