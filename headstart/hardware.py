@@ -99,6 +99,7 @@ def cpu_flags(cpuinfo: str) -> frozenset[str]:
     return frozenset(found)
 
 
+@cache  # read once a process: device names key the tuner's records, read on every match
 def _read_cpuinfo() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -117,14 +118,15 @@ def usable_flags(
     if not x86:
         return flags, ""
     cap = (onednn_max_isa or "ALL").upper()
+    onednn_native = (
+        cap in ("ALL", "DEFAULT") or cap.startswith("AVX10") or any(s in cap for s in ("BF16", "AMX", "FP16"))
+    )
     if not isa.upper().startswith("AVX512"):
         why = f"torch dispatches {isa or '?'} kernels"
-    elif (
-        cap in ("ALL", "DEFAULT") or cap.startswith("AVX10") or any(s in cap for s in ("BF16", "AMX", "FP16"))
-    ):
-        return flags, ""
-    else:
+    elif not onednn_native:
         why = f"ONEDNN_MAX_CPU_ISA={cap}"
+    else:
+        return flags, ""
     return flags - x86, f"{', '.join(sorted(x86))} unused: {why}"
 
 

@@ -217,8 +217,8 @@ def write_report(report: dict, out: Path) -> None:
 
 def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new) -> dict | None:
     """decoding.json's lookup rule for a chain of k, else one tuned on `questions` (never the scored prompts)
-    and written there -> {"min_match", "k", "lookup_tokens", "max_tokens"}, or None: the drafter alone was best, so there is
-    no hybrid to serve."""
+    and written there -> {"min_match", "k", "lookup_tokens", "max_tokens"}, or None: the drafter alone was best,
+    so there is no hybrid to serve."""
     from headstart.eval.stage.prompts import chat_ids
     from headstart.eval.tuning.lookup_rule import DRAFT_TOKENS, LONG_CHAIN, lookup_lengths, tune_lookup_rule
     from headstart.models.decoding import read_decoding, served_rule, write_decoding

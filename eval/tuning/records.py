@@ -4,8 +4,9 @@ for, reusing the record of this eval's condition or tuning and adding one, and t
 A condition is the temperature class (greedy / sampled), device (a CPU by its model and kernels' ISA), dtype, the
 CPU threads the settings were chosen for (`tuner.threads`: a setting, by default torch's count, i.e.
 OMP_NUM_THREADS or the machine's cores, never the cores free at start, so a busy machine at start neither changes
-the tree nor hides the record an idle one wrote), how the drafter's layers are stored, the weights, the lookup branch and whether the verify steps run
-compiled. Each condition keeps its own record: a temperature-1 eval never replaces the greedy eval's tree.
+the tree nor hides the record an idle one wrote), how the drafter's layers are stored, the weights, the lookup
+branch and whether the verify steps run compiled. Each condition keeps its own record: a temperature-1 eval never
+replaces the greedy eval's tree.
 """
 
 from __future__ import annotations
