@@ -1,5 +1,7 @@
 """Tree construction, and one-forward tree verification against plain forwards of each root-to-leaf path."""
 
+import os
+
 import pytest
 import torch
 
@@ -90,6 +92,28 @@ def test_tree_forward_matches_plain_forward_on_every_path(varied, paths):
         path.reverse()
         ref = _plain_logits(varied, prefix[:-1] + [tokens[i] for i in path])[-len(path) :]
         torch.testing.assert_close(logits[path], ref, rtol=1e-4, atol=1e-4)
+
+
+def test_grouped_sdpa_on_cpu_matches_copied_heads(varied, monkeypatch):
+    """A CPU runner turns on transformers' grouped-head SDPA (no K/V copies under a mask); a tree verify gives the
+    logits the copied-heads path gives. The tiny model has 4 query / 2 K/V heads."""
+    from headstart.eval.engine.runner import GROUPED_SDPA
+
+    assert varied.config.num_attention_heads > varied.config.num_key_value_heads
+    tree = tree_from_paths([[0], [1], [0, 0], [1, 0], [0, 0, 0]])
+    tokens = torch.tensor([59, 3, 4, 5, 6, 7])
+    out = {}
+    for setting in ("0", None):
+        if setting is None:
+            monkeypatch.delenv(GROUPED_SDPA, raising=False)
+        else:
+            monkeypatch.setenv(GROUPED_SDPA, setting)
+        runner = ModelRunner(varied, max_cache_len=64)
+        runner.prefill(list(range(40, 59)))
+        with torch.inference_mode():
+            out[setting] = runner.step(tokens, tree)[1]
+    assert os.environ[GROUPED_SDPA] == "1"  # set by the runner where nothing was
+    torch.testing.assert_close(out[None], out["0"], rtol=1e-5, atol=1e-5)
 
 
 def test_accept_compacts_cache_to_what_a_plain_forward_caches(varied):
