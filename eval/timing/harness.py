@@ -121,9 +121,8 @@ def conditions(device, dtype: str) -> dict:
     dev = str(device)
     machine = machine_facts(device)  # CPU model, ISA, BLAS: what the figure was measured on
     name = machine["device_name"]
-    omp = {
-        k: os.environ[k] for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS") if k in os.environ
-    }
+    keys = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS")
+    omp = {k: os.environ[k] for k in keys if k in os.environ}
     return {
         "device": dev,
         "device_name": name,
