@@ -102,18 +102,19 @@ def test_grouped_sdpa_on_cpu_matches_copied_heads(varied, monkeypatch):
     assert varied.config.num_attention_heads > varied.config.num_key_value_heads
     tree = tree_from_paths([[0], [1], [0, 0], [1, 0], [0, 0, 0]])
     tokens = torch.tensor([59, 3, 4, 5, 6, 7])
-    out = {}
-    for setting in ("0", None):
-        if setting is None:
-            monkeypatch.delenv(GROUPED_SDPA, raising=False)
-        else:
-            monkeypatch.setenv(GROUPED_SDPA, setting)
+
+    def verify() -> torch.Tensor:
         runner = ModelRunner(varied, max_cache_len=64)
         runner.prefill(list(range(40, 59)))
         with torch.inference_mode():
-            out[setting] = runner.step(tokens, tree)[1]
+            return runner.step(tokens, tree)[1]
+
+    monkeypatch.setenv(GROUPED_SDPA, "0")
+    copied = verify()
+    monkeypatch.delenv(GROUPED_SDPA)
+    grouped = verify()
     assert os.environ[GROUPED_SDPA] == "1"  # set by the runner where nothing was
-    torch.testing.assert_close(out[None], out["0"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grouped, copied, rtol=1e-5, atol=1e-5)
 
 
 def test_accept_compacts_cache_to_what_a_plain_forward_caches(varied):
