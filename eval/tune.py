@@ -25,6 +25,7 @@ from headstart.eval.engine.compiled import COMPILE_MODES
 from headstart.eval.engine.compiled import resolve as resolve_compile
 from headstart.eval.stage.config import EvalConfig
 from headstart.eval.stage.evaluate import resolve_device
+from headstart.eval.timing.openmp import spin_when_idle
 from headstart.eval.tuning.prompts import DEFAULT_TUNING_PROMPTS, probe_prompts
 from headstart.eval.tuning.records import Tuned, load_or_tune
 from headstart.eval.tuning.tuner import PLAIN, TunerConfig, Use
@@ -72,10 +73,13 @@ def main(argv: list[str] | None = None) -> None:
     with exit_on_user_error():
         if args.out and (problem := dir_problem(args.out, "--out")):
             raise ValueError(problem)  # before minutes of measuring, not after
+        device = resolve_device(args.device)
+        if argv is None and device.type == "cpu" and resolve_compile(args.compile, device):  # a command
+            spin_when_idle()  # the wait the eval's compiled steps will run with (eval/timing/openmp.py)
         ckpt = resolve_checkpoint(args.checkpoint)
         meta = read_meta(ckpt)
         bcfg = BackboneConfig(**meta["backbone"])
-        backbone = load_backbone(replace(bcfg, dtype=args.dtype or bcfg.dtype), resolve_device(args.device))
+        backbone = load_backbone(replace(bcfg, dtype=args.dtype or bcfg.dtype), device)
         loaded = LoadedDrafter(*load_drafter(ckpt, backbone, meta), ckpt)
         for_decoding(loaded.drafter, backbone.device, args.draft_weights)
         cfg = TunerConfig(mode="force" if args.force else "auto", prompts=args.prompts, threads=args.threads,

@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from headstart.errors import exit_on_user_error
 from headstart.eval.engine.compiled import COMPILE_MODES
+from headstart.eval.engine.compiled import resolve as resolve_compile
 from headstart.eval.engine.proposers.lookahead import LookaheadOptions
 from headstart.eval.errors import EvalError
 from headstart.eval.report.bench_plot import plot_bench
@@ -49,6 +50,7 @@ from headstart.eval.timing.harness import (
     finish_conditions,
     summarize,
 )
+from headstart.eval.timing.openmp import spin_when_idle
 from headstart.hardware import announce, machine_facts, machine_line, resolve_dtype
 from headstart.models.backbone import Backbone, BackboneConfig, eos_token_ids, load_backbone
 from headstart.models.checkpoint import read_meta
@@ -447,6 +449,9 @@ def markdown(rows: list[dict], settings: dict) -> str:
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     device = resolve_device(args.device)
+    mode = args.compile or ("auto" if args.verify_costs else "eager")
+    if argv is None and device.type == "cpu" and resolve_compile(mode, device):  # a command, not a call
+        spin_when_idle(say=print)
     first = args.checkpoint[0] if args.checkpoint else None
     bcfg = BackboneConfig(**read_meta(first)["backbone"]) if first else BackboneConfig()
     if args.backbone:  # with a checkpoint too: load_drafter still checks that the heads fit it
@@ -461,7 +466,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
         if device.type == "cpu":
             choose_threads(args.threads)
-        mode = args.compile or "auto"  # the compiled column: where inductor runs, unless eager is asked for
+        # mode: the compiled column where inductor runs, unless eager is asked for
         print(report(backbone, bcfg.dtype, args.widths, args.context, args.reps, mode))
         return []
     draft = (
