@@ -30,8 +30,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")"
 VENV=${HEADSTART_VENV:-.venv}
 # OpenMP threads sleep at barriers instead of spinning: on a shared CPU a spinning team waits for a member the kernel
 # parked behind another process, and decoding ran 3-40x slower (eval/timing/harness.py picks the thread count).
-# Compiled decode steps (hundreds of short OpenMP regions) spin ~0.1 ms first when the CPU is idle at start: the
-# eval, tuner and bench-decode choose that themselves (eval/timing/openmp.py, docs/measurement.md).
+# Decode steps (many short OpenMP regions) spin ~0.1 ms first when the CPU is idle at start: the eval, tuner and
+# bench-decode choose that themselves (eval/timing/openmp.py, docs/measurement.md).
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 PY=$VENV/bin/python
 STAMP=$VENV/.headstart-installed

@@ -32,7 +32,6 @@ from tqdm import tqdm
 
 from headstart.errors import exit_on_user_error
 from headstart.eval.engine.compiled import COMPILE_MODES
-from headstart.eval.engine.compiled import resolve as resolve_compile
 from headstart.eval.engine.proposers.lookahead import LookaheadOptions
 from headstart.eval.errors import EvalError
 from headstart.eval.report.bench_plot import plot_bench
@@ -450,7 +449,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     device = resolve_device(args.device)
     mode = args.compile or ("auto" if args.verify_costs else "eager")
-    if argv is None and device.type == "cpu" and resolve_compile(mode, device):  # a command, not a call
+    if argv is None and device.type == "cpu":  # a command, not a call
         spin_when_idle(say=print)
     first = args.checkpoint[0] if args.checkpoint else None
     bcfg = BackboneConfig(**read_meta(first)["backbone"]) if first else BackboneConfig()

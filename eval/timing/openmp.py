@@ -1,15 +1,16 @@
-"""OpenMP's wait at barriers for compiled decoding on a CPU, chosen once at start.
+"""OpenMP's wait at barriers for decoding on a CPU, chosen once at start.
 
 libgomp reads `GOMP_SPINCOUNT` and `OMP_WAIT_POLICY` once, when torch loads it. `launch.sh` (and headstart's
 package, imported first) set `OMP_WAIT_POLICY=PASSIVE`: beside another busy process a spinning team waits for a
-member the kernel parked, and decoding ran 3-40x slower. A compiled step, though, is hundreds of short OpenMP
-regions that each wake a sleeping team: on an idle CPU a bounded spin (`GOMP_SPINCOUNT=10000`, ~0.1 ms, then
-sleep) made compiled decoding ~1.4x faster, and beside a process started later ~4x slower (docs/measurement.md).
+member the kernel parked, and decoding ran 3-40x slower. A decode step, though, is many short OpenMP regions (a
+compiled one hundreds) that each wake a sleeping team: on an idle CPU a bounded spin (`GOMP_SPINCOUNT=10000`, ~0.1
+ms, then sleep) made steps 1.0-1.6x faster eager and 1.4-3x faster compiled, and beside a process started later
+~2-4x slower (docs/measurement.md).
 
-So a compiled CPU run that finds the CPU idle at start runs with the bounded spin: the process re-executes itself
-with `GOMP_SPINCOUNT` set (the only way libgomp sees it), after one line that says so. `GOMP_SPINCOUNT` already
-set is used as set; `HEADSTART_OPENMP_SPIN=0` keeps threads sleeping. Eager steps are left alone: their regions
-are few and long, and the spin bought them nothing idle.
+So a decoding command (the eval, the tuner, bench-decode) that finds the CPU idle at start runs with the bounded
+spin: the process re-executes itself with `GOMP_SPINCOUNT` set (the only way libgomp sees it), after one line that
+says so. `GOMP_SPINCOUNT` already set is used as set; `HEADSTART_OPENMP_SPIN=0` keeps threads sleeping. Training
+keeps PASSIVE.
 """
 
 from __future__ import annotations
@@ -44,18 +45,18 @@ def choose(env: Mapping[str, str], busy: float, cores: int) -> tuple[str | None,
         return None, "OpenMP: threads sleep at barriers (the CPU's load is unreadable here)"
     if busy >= IDLE_BELOW:
         return None, (
-            f"OpenMP: {busy:.1f} of {cores} cores busy at start: threads sleep at barriers (compiled steps run "
-            f"~1.4x slower than with a spin on an idle CPU; GOMP_SPINCOUNT={SPIN_COUNT} forces the spin)"
+            f"OpenMP: {busy:.1f} of {cores} cores busy at start: threads sleep at barriers (decode steps run up to "
+            f"~1.6x slower, compiled ~3x, than with a spin on an idle CPU; GOMP_SPINCOUNT={SPIN_COUNT} forces it)"
         )
     return SPIN_COUNT, (
-        f"OpenMP: the CPU is idle at start ({busy:.2f} of {cores} cores busy): compiled steps run with threads "
-        f"spinning ~0.1 ms at barriers (GOMP_SPINCOUNT={SPIN_COUNT}: ~1.4x faster idle, ~4x slower if another "
+        f"OpenMP: the CPU is idle at start ({busy:.2f} of {cores} cores busy): decode steps run with threads "
+        f"spinning ~0.1 ms at barriers (GOMP_SPINCOUNT={SPIN_COUNT}: faster idle, ~2-4x slower if another "
         f"process takes a core later; {OPT_OUT}=0 keeps them sleeping)"
     )
 
 
 def spin_when_idle(extra_args: Sequence[str] = (), say: Callable[[str], None] = log.info) -> None:
-    """For a compiled CPU run: re-execute this process with the bounded spin when the CPU is idle now (the same
+    """For a CPU decoding command: re-execute this process with the bounded spin when the CPU is idle now (the same
     command line plus `extra_args`, e.g. an output folder already resolved); otherwise say why not and return."""
     value, line = choose(os.environ, busy_cores(0.3), usable_cores())
     if line:
