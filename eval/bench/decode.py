@@ -448,7 +448,6 @@ def markdown(rows: list[dict], settings: dict) -> str:
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     device = resolve_device(args.device)
-    mode = args.compile or ("auto" if args.verify_costs else "eager")
     if argv is None and device.type == "cpu":  # a command, not a call
         spin_when_idle(say=print)
     first = args.checkpoint[0] if args.checkpoint else None
@@ -465,7 +464,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
         if device.type == "cpu":
             choose_threads(args.threads)
-        # mode: the compiled column where inductor runs, unless eager is asked for
+        mode = args.compile or "auto"  # the compiled column: where inductor runs, unless eager is asked for
         print(report(backbone, bcfg.dtype, args.widths, args.context, args.reps, mode))
         return []
     draft = (

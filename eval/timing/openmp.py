@@ -26,9 +26,8 @@ from headstart.eval.timing.harness import busy_cores, usable_cores
 log = logging.getLogger("headstart.eval")
 
 SPIN_COUNT = "10000"  # ~0.1 ms of spinning before a thread sleeps
-IDLE_BELOW = (
-    0.25  # busy cores at start (every process's, this one's included) under which the CPU counts as idle
-)
+# busy cores at start (every process's, this one's included) under which the CPU counts as idle
+IDLE_BELOW = 0.25
 OPT_OUT = "HEADSTART_OPENMP_SPIN"  # =0: threads sleep at barriers whatever the load
 CHOSEN = "HEADSTART_OPENMP_SPIN_CHOSEN"  # set in the re-executed process, so it does not choose again
 
@@ -68,6 +67,5 @@ def spin_when_idle(extra_args: Sequence[str] = (), say: Callable[[str], None] = 
     sys.stdout.flush()
     sys.stderr.flush()
     env = dict(os.environ, GOMP_SPINCOUNT=value, **{CHOSEN: "1"})
-    os.execve(
-        sys.executable, [*sys.orig_argv, *extra_args], env
-    )  # orig_argv keeps `-m` and interpreter flags
+    # orig_argv keeps `-m` and interpreter flags
+    os.execve(sys.executable, [*sys.orig_argv, *extra_args], env)
