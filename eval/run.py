@@ -30,9 +30,8 @@ def main(dcfg: DictConfig) -> None:
         cfg.out_dir = (
             HydraConfig.get().runtime.output_dir
         )  # the folder Hydra already made, ${now:} resolved once
-        if resolve_device(cfg.device).type == "cpu":
-            given = any(a.startswith("out_dir=") for a in sys.argv[1:])  # a re-executed run keeps its folder
-            spin_when_idle(() if given else [f"out_dir={cfg.out_dir}"])
+        given = any(a.startswith("out_dir=") for a in sys.argv[1:])  # a re-executed run keeps its folder
+        spin_when_idle(resolve_device(cfg.device), () if given else [f"out_dir={cfg.out_dir}"])
         run(cfg)
 
 

@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.out and (problem := dir_problem(args.out, "--out")):
             raise ValueError(problem)  # before minutes of measuring, not after
         device = resolve_device(args.device)
-        if argv is None and device.type == "cpu":  # a command, not a call
-            spin_when_idle()  # the wait the eval's steps will run with (eval/timing/openmp.py)
+        if argv is None:  # a command, not a call
+            spin_when_idle(device)  # the wait the eval's steps will run with (eval/timing/openmp.py)
         ckpt = resolve_checkpoint(args.checkpoint)
         meta = read_meta(ckpt)
         bcfg = BackboneConfig(**meta["backbone"])

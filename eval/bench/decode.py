@@ -448,8 +448,8 @@ def markdown(rows: list[dict], settings: dict) -> str:
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     device = resolve_device(args.device)
-    if argv is None and device.type == "cpu":  # a command, not a call
-        spin_when_idle(say=print)
+    if argv is None:  # a command, not a call
+        spin_when_idle(device, say=print)
     first = args.checkpoint[0] if args.checkpoint else None
     bcfg = BackboneConfig(**read_meta(first)["backbone"]) if first else BackboneConfig()
     if args.backbone:  # with a checkpoint too: load_drafter still checks that the heads fit it

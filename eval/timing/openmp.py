@@ -21,6 +21,8 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
+import torch
+
 from headstart.eval.timing.harness import busy_cores, usable_cores
 
 log = logging.getLogger("headstart.eval")
@@ -54,9 +56,14 @@ def choose(env: Mapping[str, str], busy: float, cores: int) -> tuple[str | None,
     )
 
 
-def spin_when_idle(extra_args: Sequence[str] = (), say: Callable[[str], None] = log.info) -> None:
-    """For a CPU decoding command: re-execute this process with the bounded spin when the CPU is idle now (the same
-    command line plus `extra_args`, e.g. an output folder already resolved); otherwise say why not and return."""
+def spin_when_idle(
+    device: torch.device, extra_args: Sequence[str] = (), say: Callable[[str], None] = log.info
+) -> None:
+    """For a decoding command on a CPU `device`: re-execute this process with the bounded spin when the CPU is idle
+    now (the same command line plus `extra_args`, e.g. an output folder already resolved); otherwise say why not and
+    return. Other devices: nothing."""
+    if device.type != "cpu":
+        return
     value, line = choose(os.environ, busy_cores(0.3), usable_cores())
     if line:
         say(line)

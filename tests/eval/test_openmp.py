@@ -1,4 +1,4 @@
-"""The OpenMP wait chosen at start for compiled CPU decoding (eval/timing/openmp.py): a bounded spin only on an
+"""The OpenMP wait chosen at start for CPU decoding (eval/timing/openmp.py): a bounded spin only on an
 idle CPU, an explicit setting kept, the opt-out honoured, and the re-executed process seeing the spin count."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from headstart.eval.timing import openmp
 from headstart.eval.timing.openmp import CHOSEN, OPT_OUT, SPIN_COUNT, choose
@@ -54,7 +55,7 @@ def test_the_spin_re_executes_the_command_with_its_extra_arguments(monkeypatch):
     monkeypatch.setattr(os, "execve", execve)
     said = []
     with pytest.raises(SystemExit):
-        openmp.spin_when_idle(["out_dir=/x"], say=said.append)
+        openmp.spin_when_idle(torch.device("cpu"), ["out_dir=/x"], say=said.append)
     (path, argv, env) = calls[0]
     assert path == sys.executable and argv == [*sys.orig_argv, "out_dir=/x"]
     assert env["GOMP_SPINCOUNT"] == SPIN_COUNT and env[CHOSEN] == "1"
@@ -62,16 +63,17 @@ def test_the_spin_re_executes_the_command_with_its_extra_arguments(monkeypatch):
 
     calls.clear()
     monkeypatch.setattr(openmp, "busy_cores", lambda window_s: 1.5)
-    openmp.spin_when_idle(say=said.append)  # busy: returns, runs on as it is
+    openmp.spin_when_idle(torch.device("cpu"), say=said.append)  # busy: returns, runs on as it is
     assert calls == [] and "1.5 of" in said[-1]
 
 
 def test_the_re_executed_process_runs_with_the_spin_count_once():
     code = (
         "import os\n"
+        "import torch\n"
         "from headstart.eval.timing import openmp\n"
         "openmp.busy_cores = lambda window_s: 0.0\n"
-        "openmp.spin_when_idle(say=lambda line: print('said', flush=True))\n"
+        "openmp.spin_when_idle(torch.device('cpu'), say=lambda line: print('said', flush=True))\n"
         "print('GOMP_SPINCOUNT', os.environ.get('GOMP_SPINCOUNT'))\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", OPT_OUT, CHOSEN)}
