@@ -12,11 +12,16 @@ which is headstart's tau (tokens per target forward) and accepted_by_position / 
 chain. Steps without a draft (an `ngram` or `suffix` proposer that found no match) are missing from those
 counters, so that quotient is tau per drafting step, higher than tokens per forward. With the tokens each request
 generated after its prefill (`emitted`, counted by the caller: the counters do not have it), every decode forward
-counts: each emits its accepted drafts plus one token, so forwards = emitted - accepted and
+counts: each emits its accepted drafts plus one token, so forwards = emitted - accepted. But vLLM counts a step's
+accepted drafts before it cuts the request at its length limit or a stop token (v1 scheduler: the stats come
+from the sampled ids, the cut after), so at a request's last step `accepted` can include tokens never emitted, and
+emitted - accepted falls short of the forwards by them (a chain of 2 over 32 tokens: tau 2.63 for 2.38). Every
+drafting step is a forward, so
 
-    tau = emitted / (emitted - accepted)
+    tau = emitted / max(emitted - accepted, drafts)
 
-headstart's tau for any proposer, drafting every step or not.
+headstart's tau for any proposer: exact where every step drafts (Medusa, EAGLE, the plugin's hybrid); for an
+`ngram` or `suffix` proposer it still misses the cut tokens where they outnumber its steps without a draft.
 """
 
 from __future__ import annotations
@@ -57,10 +62,10 @@ def delta(after: dict, before: dict) -> dict:
 
 
 def tau(c: dict) -> float:
-    """Tokens per decode forward: emitted / (emitted - accepted) when `emitted` was counted, else 1 + accepted /
-    drafts (per drafting step); 1.0 when nothing was drafted (every token from the target alone)."""
-    if c.get("emitted", 0) > c["accepted"]:
-        return c["emitted"] / (c["emitted"] - c["accepted"])
+    """Tokens per decode forward: emitted / max(emitted - accepted, drafts) when `emitted` was counted, else 1 +
+    accepted / drafts (per drafting step); 1.0 when nothing was drafted (every token from the target alone)."""
+    if c.get("emitted", 0) > 0:
+        return c["emitted"] / max(c["emitted"] - c["accepted"], c["drafts"], 1)
     return 1.0 + c["accepted"] / c["drafts"] if c["drafts"] else 1.0
 
 

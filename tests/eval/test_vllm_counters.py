@@ -48,6 +48,14 @@ def test_steps_without_a_draft_count_as_forwards():
     assert vc.tau(c | {"emitted": 22}) == pytest.approx(2.2)  # every step drafted: the same either way
 
 
+def test_drafts_accepted_past_the_last_token_are_not_forwards():
+    """vLLM counts a step's accepted drafts before it cuts the request at max_tokens or a stop token: 10 drafting
+    steps of a chain of 2 that accepted 15 drafts, of which the last step's 2 fell past the 22-token limit.
+    Forwards are the 10 steps (22 / 10 = 2.2), not 22 - 15 = 7 (3.14)."""
+    c = vc.delta(vc.spec_counters(metrics(10, 15, [8, 7])), vc.spec_counters([])) | {"emitted": 22}
+    assert vc.tau(c) == pytest.approx(2.2)
+
+
 def test_the_vllm_runner_counts_tokens_after_each_prefill():
     from headstart.eval.serving.side_by_side import VllmRunner
 
