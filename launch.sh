@@ -194,12 +194,13 @@ case $verb in
     # greedy, beside prompt lookup and Lookahead decoding in the same timing rounds (eval/compare.md); then
     # temperature 1 beside prompt lookup (eval_t1/, one prompt per category, one interleaved pass). The
     # heads' tree carries a 4-token prompt-lookup branch (lookup_tokens): headstart's decoder only; in vLLM
-    # the heads run alone or beside a lookup chain with headstart's plugin (./launch.sh serve-check --hybrid 0)
-    "$PY" eval/run.py checkpoint="$run_dir/drafter" out_dir="$run_dir/eval" limit_per_category=2 \
+    # the heads run alone or beside a lookup chain with headstart's plugin (./launch.sh serve-check --hybrid 0).
+    # compile=hardware: inductor-compiled steps where the CPU computes float32 (no native bf16), eager elsewhere
+    "$PY" eval/run.py checkpoint="$run_dir/drafter" out_dir="$run_dir/eval" limit_per_category=2 compile=hardware \
       "prompts=[dev,spec_bench]" max_new_tokens=128 lookup_tokens=4 "baselines=[prompt_lookup,lookahead]"
     "$PY" eval/run.py checkpoint="$run_dir/drafter" out_dir="$run_dir/eval_t1" limit_per_category=1 \
       "prompts=[dev,spec_bench]" max_new_tokens=128 lookup_tokens=4 temperature=1.0 "baselines=[prompt_lookup]" \
-      timing.budget_s=0
+      timing.budget_s=0 compile=hardware
     ;;
   medusa|eagle|distill) ensure_backbone_parts "$@"; train_launch "train/$verb.py" "$@" ;;
   eval) "$PY" eval/run.py "$@" ;;

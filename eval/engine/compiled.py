@@ -12,7 +12,10 @@ Modes (`compile=` on the Decoder / eval config):
 - eager: the HF forward as is (the default; compiling costs minutes per width the first time);
 - max-autotune: CPU: inductor's "max-autotune-no-cudagraphs" with freezing; CUDA: "max-autotune" (inductor
   captures CUDA graphs itself). Fails with one line where inductor cannot run (no C++ compiler, no triton);
-- auto: max-autotune where inductor can run, else eager (said once in the log).
+- auto: max-autotune where inductor can run, else eager (said once in the log);
+- hardware (the eval's, resolved by `for_hardware` once the compute dtype is known): auto on a CPU computing
+  float32 (no native bf16: eager verify steps of 2-8 tokens cost 2-3 plain steps there, compiled ones about one),
+  eager where eager steps already pay (native bf16 on a CPU) or where compiling was not measured (CUDA).
 
 Compilation happens on a width's first step. In this process it is cached by dynamo (shared by every runner over
 the same backbone module, so a second Decoder on it recompiles nothing). On disk, under $HEADSTART_CACHE/inductor
@@ -36,6 +39,7 @@ import torch
 log = logging.getLogger("headstart.eval")
 
 COMPILE_MODES = ("eager", "auto", "max-autotune")
+HARDWARE = "hardware"  # the eval's mode chosen from the device and the compute dtype (`for_hardware`)
 # dynamo keeps every graph of `_step` in one per-code cache: (width, last_only) pairs times backbones pass its
 # default limit of 8, after which it would silently run eagerly
 _RECOMPILE_LIMIT = 64
@@ -58,6 +62,18 @@ def unavailable(device: torch.device) -> str | None:
             return "triton is not installed"
         return None
     return f"inductor does not compile for device type {device.type!r}"
+
+
+def for_hardware(device: torch.device, dtype: str) -> tuple[str, str]:
+    """compile=hardware: (the mode steps on `device` in `dtype` run with, why). Measured on SmolLM2-135M, 2
+    threads (docs/results.md): under AVX2 kernels in float32 a compiled plain step ran 2.0x eager and the main
+    job's heads 1.39x compiled vanilla where eager chose plain decoding; on an AMX Xeon in bf16 the eager heads
+    ran 1.56x eager vanilla, and a compiled eval took 1.5x the eager one's time for half the prompts."""
+    if device.type == "cpu" and dtype == "float32":
+        return "auto", "float32 on a CPU: eager verify steps of a few tokens cost 2-3 plain steps, compiled ~1"
+    if device.type == "cpu":
+        return "eager", f"{dtype} on a CPU: eager verify steps cost about one plain step already"
+    return "eager", f"compiled decoding is not measured on {device.type} (compile=auto compiles)"
 
 
 def resolve(mode: str, device: torch.device) -> bool:

@@ -12,7 +12,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from headstart.cli_checks import unknown_keys, unknown_message
-from headstart.eval.engine.compiled import COMPILE_MODES
+from headstart.eval.engine.compiled import COMPILE_MODES, HARDWARE
 from headstart.eval.engine.proposers import DRAFT, LOOKAHEAD, PROPOSERS, TREE_METHODS, TREE_NAMES
 from headstart.eval.engine.proposers.lookahead import LookaheadOptions
 from headstart.eval.errors import EvalError  # noqa: F401  (re-raised by the entry scripts)
@@ -73,8 +73,9 @@ class EvalConfig:
     # step reads half the bytes; decoding stays lossless) and as trained on a GPU | int8 (CPU only) | native
     draft_weights: str = "auto"
     # the target's plain and verify steps (eval/engine/compiled.py): eager | auto (compiled where inductor runs)
-    # | max-autotune. Vanilla runs through the same path, so a speedup is never a kernel difference; when
-    # compiled, an eager vanilla is timed in the same rounds (baselines/vanilla-eager: what compilation bought)
+    # | max-autotune | hardware (auto on a CPU computing float32, eager elsewhere; said at start). Vanilla runs
+    # through the same path, so a speedup is never a kernel difference; when compiled, an eager vanilla is timed
+    # in the same rounds (baselines/vanilla-eager: what compilation bought)
     compile: str = "eager"
     warmup: int = 1  # prompts decoded untimed (both paths) before measuring
     # training-free methods scored on the same prompts beside the drafter (e.g. [prompt_lookup]): compare.md
@@ -133,9 +134,9 @@ class EvalConfig:
                 "method=draft needs a draft model. Fix: draft=<Hub id, folder or .gguf>, or method= (empty) "
                 "with a distillspec checkpoint (its distilled draft is used)"
             )
-        if self.compile not in COMPILE_MODES:
+        if self.compile not in (*COMPILE_MODES, HARDWARE):
             raise EvalError(
-                f"compile={self.compile!r}: expected one of {list(COMPILE_MODES)}. Fix: compile=eager"
+                f"compile={self.compile!r}: expected one of {[*COMPILE_MODES, HARDWARE]}. Fix: compile=eager"
             )
         if self.draft_weights not in INT8_MODES:
             raise EvalError(f"draft_weights={self.draft_weights!r}: expected one of {list(INT8_MODES)}")

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from headstart.eval.engine.compiled import HARDWARE, for_hardware
 from headstart.eval.engine.compiled import resolve as resolve_compile
 from headstart.eval.engine.decoder import Decoder, build_decoder
 from headstart.eval.engine.proposers import DRAFT, LOOKAHEAD, PROPOSERS, VANILLA
@@ -79,10 +80,13 @@ class Side:
 EAGER_VANILLA = "vanilla-eager"  # the side timed beside a compiled vanilla (baselines/vanilla-eager/)
 
 
-def compile_entry(mode: str, compiled: bool, speedup: float | None, eager: dict | None) -> dict:
-    """The report's `compile` entry: the mode, whether this side's steps ran compiled, and with an eager
-    vanilla in the same rounds, the speedup over it (= over compiled vanilla / eager vanilla's over compiled)."""
-    out = {"mode": mode, "compiled": compiled, "speedup_vs_compiled_vanilla": speedup}
+def compile_entry(
+    mode: str, compiled: bool, speedup: float | None, eager: dict | None, chosen: dict | None = None
+) -> dict:
+    """The report's `compile` entry: the mode (and with compile=hardware, what it chose and why), whether this
+    side's steps ran compiled, and with an eager vanilla in the same rounds, the speedup over it (= over compiled
+    vanilla / eager vanilla's over compiled)."""
+    out = {"mode": mode, **(chosen or {}), "compiled": compiled, "speedup_vs_compiled_vanilla": speedup}
     e = eager and eager["speedup"]
     if e and speedup:
         out |= {"eager_vanilla_vs_compiled_vanilla": e, "speedup_vs_eager_vanilla": speedup / e}
@@ -97,6 +101,8 @@ class Evaluator:
         self.device = resolve_device(cfg.device)
         self._backbones: dict[str, Backbone] = {}
         self.dtype_choice: DtypeChoice | None = None  # the dtype of the last checkpoint evaluated, and why
+        self.compile_setting = cfg.compile  # hardware: each checkpoint's mode follows its compute dtype
+        self.compile_chosen: dict | None = None  # with compile=hardware: {"setting", "reason"} of the last
         self.opts = GenOpts(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.seed, cfg.max_cache_len)
 
     def backbone(self, bcfg: BackboneConfig) -> Backbone:
@@ -179,6 +185,11 @@ class Evaluator:
         # the checkpoint holds weights, not a compute dtype: auto decodes in what this device computes natively
         self.dtype_choice = resolve_dtype(cfg.dtype or bcfg.dtype, self.device, setting="dtype")
         announce("dtype", self.dtype_choice)
+        if self.compile_setting == HARDWARE:
+            mode, reason = for_hardware(self.device, self.dtype_choice.dtype)
+            log.info("compile=hardware -> %s (%s)", mode, reason)
+            self.cfg = cfg = replace(cfg, compile=mode)
+            self.compile_chosen = {"setting": HARDWARE, "reason": reason}
         bcfg = replace(bcfg, dtype=self.dtype_choice.dtype)
         target = Target(ckpt, meta, bcfg, self.backbone(bcfg))
         vanilla = Decoder(target.backbone, VANILLA, max_cache_len=cfg.max_cache_len, compile=cfg.compile)
@@ -287,7 +298,9 @@ class Evaluator:
         if isinstance(branch, LookupBranch):
             settings["lookup_branch"] = {"tokens": branch.k, "allowed": cfg.lookup_tokens, **branch.counts}
         report["decoding"] = decoding_report(settings, report, per_turn)
-        report["compile"] = compile_entry(cfg.compile, side.decoder.runner.compiled, report["speedup"], eager)
+        report["compile"] = compile_entry(
+            cfg.compile, side.decoder.runner.compiled, report["speedup"], eager, self.compile_chosen
+        )
         if plain:  # the headline: the drafter was not used, and why
             d = report["decoding"]
             report["headline"] = (

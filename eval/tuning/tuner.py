@@ -70,7 +70,9 @@ class TunerConfig:
     # whatever the load at start: load is the timing harness's business (it interleaves), not the tree's
     threads: int = 0
     reps: int = 7  # timed runs per verify width and per drafter setting (medians, order alternating)
-    max_width: int = 0  # widest verify forward considered (root included); 0: 32 on CPU, 96 on CUDA
+    # widest verify forward considered (root included); 0: 32 on CPU (8 compiled: each width compiles for
+    # minutes, and under AVX2 kernels a compiled 16 cost 1.3x an 8), 96 on CUDA
+    max_width: int = 0
     # prompts decoded with the probe tree (acceptance by depth and rank, bookkeeping, the lookup branch's
     # gain). 6: on the main job's heads two prompts put the branch's gain anywhere from 0.11 to 0.52 tokens per
     # step depending on which two; six gave 0.37, the 22 dev prompts ~0.3
@@ -343,7 +345,7 @@ def measure(method, backbone, loaded: LoadedDrafter, prompts: list[list[int]], c
     probe = {"options": run.options, "width": run.width, "steps": sum(map(len, run.groups)),
              "trials_by_depth": trials, "prompts": len(prompts), "tokens": cfg.probe_tokens,
              "compiled": use.compiled}  # fmt: skip
-    max_width = cfg.max_width or (96 if backbone.device.type == "cuda" else 32)
+    max_width = cfg.max_width or (96 if backbone.device.type == "cuda" else 8 if use.compiled else 32)
     widths = [w for w in (COMPILED_WIDTHS if use.compiled else WIDTHS) if w <= max_width]
     shapes = {str(w): (w, None if w == 1 else chain_tree(w - 1)) for w in widths}
     compiled = dict.fromkeys(shapes, True) if use.compiled else None

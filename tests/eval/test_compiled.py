@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from headstart.eval.engine import compiled
-from headstart.eval.engine.decoder import Decoder
+from headstart.eval.engine.decoder import Decoder, build_decoder
 from headstart.eval.engine.proposers.prompt_lookup import PromptLookupOptions
 from headstart.eval.engine.runner import ModelRunner
 from headstart.models.backbone import BackboneConfig, load_backbone
@@ -25,6 +25,20 @@ def test_modes_resolve():
         compiled.resolve("max-autotune", torch.device("meta"))
     with pytest.raises(ValueError, match=r"compile='fast': expected one of .*Fix: compile=eager"):
         Decoder(tiny_backbone(), compile="fast")
+
+
+def test_the_hardware_mode_follows_the_compute_dtype():
+    """compile=hardware: compiled where eager verify steps cost several plain steps (float32 on a CPU), eager where
+    they cost about one (native bf16 on a CPU) and where compiling was not measured (CUDA); each with its reason."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert compiled.for_hardware(cpu, "float32")[0] == "auto"
+    assert compiled.for_hardware(cpu, "bfloat16")[0] == "eager"
+    assert compiled.for_hardware(cuda, "float32")[0] == compiled.for_hardware(cuda, "bfloat16")[0] == "eager"
+    assert all(compiled.for_hardware(d, t)[1] for d in (cpu, cuda) for t in ("float32", "bfloat16"))
+    with pytest.raises(
+        ValueError, match=r"compile='hardware': expected one of"
+    ):  # the eval resolves it first
+        Decoder(tiny_backbone(), compile="hardware")
 
 
 def test_unavailable_without_compiler(monkeypatch):
@@ -67,8 +81,8 @@ def _prompts(backbone) -> list[list[int]]:
 
 @pytest.mark.slow
 def test_compiled_greedy_equals_eager_vanilla():
-    """Compiles widths 1 (plain) and 5 (prompt lookup's 4 tokens + root) of a 2-layer model: about a minute
-    each on a busy 2-core CPU, seconds once inductor's disk cache holds them."""
+    """Compiles widths 1 (plain), 5 (prompt lookup's 4 tokens + root) and Lookahead's of a 2-layer model: about
+    a minute each on a busy 2-core CPU, seconds once inductor's disk cache holds them."""
     backbone = tiny_backbone(initializer_range=0.1)
     eager = Decoder(backbone, max_cache_len=128)
     plain = Decoder(backbone, compile="max-autotune", max_cache_len=128)
@@ -85,6 +99,15 @@ def test_compiled_greedy_equals_eager_vanilla():
     for step in [*plain.runner._graphs.values(), *lookup.runner._graphs.values()]:
         assert step is not None and step.forward != step.runner._forward  # compiled, not an eager fallback
     assert max(out.stats.accepted_per_step) > 1  # the verify width really accepted drafts
+    # Lookahead (the main job's baseline, compiled where the eval is): its one fixed width, compiled, lossless
+    lookahead = build_decoder("lookahead", backbone, None, compile="max-autotune", max_cache_len=128)
+    for prompt in _prompts(backbone):
+        assert (
+            lookahead.generate(prompt, 24, eos_token_ids=[]).tokens
+            == eager.generate(prompt, 24, eos_token_ids=[]).tokens
+        )
+    ((width, last_only, _),) = lookahead.runner._graphs
+    assert width == lookahead.proposer.width > 1 and not last_only
     # a second decoder over the same backbone reuses the graphs: no new compilation
     before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     again = Decoder(backbone, compile="max-autotune", max_cache_len=128)
@@ -169,6 +192,33 @@ def test_eval_stage_times_vanilla_compiled_and_eager(tmp_path, monkeypatch):
     assert entry["eager_vanilla_vs_compiled_vanilla"] == eager["speedup"]
     assert entry["speedup_vs_eager_vanilla"] == pytest.approx(report["speedup"] / eager["speedup"])
     assert report["greedy_matches_vanilla"] == 1.0
+
+
+def test_the_eval_compiles_by_hardware_from_its_compute_dtype(tmp_path, monkeypatch, caplog):
+    """compile=hardware on the eval: a float32 checkpoint decodes compiled (an eager vanilla beside it), a
+    bfloat16 one eagerly; the choice is said at start and recorded in the report's `compile` entry."""
+    import json
+    import logging
+
+    from headstart.eval.stage.evaluate import EAGER_VANILLA, run
+    from headstart.eval.timing.harness import TimingConfig
+    from headstart.eval.tuning.tuner import TunerConfig
+    from tests.eval.test_eval_stage import _cfg, save_ckpt
+
+    monkeypatch.setattr(compiled, "compiled_step", lambda device: compiled._step)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"question_id": 0, "category": "a", "turns": ["Say hi."]}) + "\n")
+    ckpt = save_ckpt(tmp_path / "drafter")
+    for dtype, mode in (("float32", "auto"), ("bfloat16", "eager")):
+        out = tmp_path / dtype
+        with caplog.at_level(logging.INFO, logger="headstart.eval"):
+            report = run(_cfg(ckpt, prompts, out, warmup=0, compile="hardware", dtype=dtype,
+                              timing=TimingConfig(budget_s=0), tuner=TunerConfig(mode="off")))  # fmt: skip
+        entry = report["compile"]
+        assert entry["setting"] == "hardware" and entry["mode"] == mode and entry["reason"], entry
+        assert entry["compiled"] is (mode == "auto")
+        assert (out / "baselines" / EAGER_VANILLA).is_dir() is (mode == "auto")
+        assert f"compile=hardware -> {mode} ({entry['reason']})" in caplog.text
 
 
 def test_a_compiled_eval_times_round_0_again(tmp_path, monkeypatch):

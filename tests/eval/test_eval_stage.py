@@ -61,14 +61,9 @@ def prompt_file(tmp_path) -> Path:
 
 def _cfg(ckpt, prompts, out, **kw) -> EvalConfig:
     return EvalConfig(
-        checkpoint=str(ckpt),
-        prompts=str(prompts),
-        out_dir=str(out),
-        max_new_tokens=8,
-        device="cpu",
-        dtype="float32",
-        **kw,
-    )
+        checkpoint=str(ckpt), prompts=str(prompts), out_dir=str(out), max_new_tokens=8, device="cpu",
+        **({"dtype": "float32"} | kw),
+    )  # fmt: skip
 
 
 def test_report_has_required_keys_and_sane_values(ckpt, prompt_file, tmp_path):
