@@ -94,9 +94,11 @@ def inductor_options(device: torch.device) -> dict:
     """CPU: max-autotune without CUDA graphs, weights frozen into the graph; CUDA: the ordinary max-autotune."""
     import torch._inductor as inductor
 
+    # the autotuner's per-GEMM tables go to stderr (hundreds of lines a compiled eval); its choices stay the same
+    quiet = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
     if device.type == "cuda":
-        return inductor.list_mode_options("max-autotune")
-    return {**inductor.list_mode_options("max-autotune-no-cudagraphs"), "freezing": True}
+        return {**inductor.list_mode_options("max-autotune"), **quiet}
+    return {**inductor.list_mode_options("max-autotune-no-cudagraphs"), "freezing": True, **quiet}
 
 
 def cache_dir() -> Path:

@@ -286,7 +286,8 @@ class Interleaved:
         until the ratios converge, `budget_s` (default cfg.budget_s) is spent or max_rounds are done."""
         now = time.perf_counter
         deadline = now() + (self.cfg.budget_s if budget_s is None else budget_s)
-        if not self.samples:
+        if not self.samples:  # a compiled eval's first pass was dropped: round 0 over built graphs, said
+            log.info("timing round 1 of up to %d: %d units", self.cfg.max_rounds, units)
             for unit in range(units):
                 self.time_unit(run, unit, 0)
         while True:
