@@ -70,7 +70,10 @@ def for_hardware(device: torch.device, dtype: str) -> tuple[str, str]:
     job's heads 1.39x compiled vanilla where eager chose plain decoding; on an AMX Xeon in bf16 the eager heads
     ran 1.56x eager vanilla, and a compiled eval took 1.5x the eager one's time for half the prompts."""
     if device.type == "cpu" and dtype == "float32":
-        return "auto", "float32 on a CPU: eager verify steps of a few tokens cost 2-3 plain steps, compiled ~1"
+        return (
+            "auto",
+            "float32 on a CPU: eager verify steps of a few tokens cost 2-3 plain steps, compiled ~1",
+        )
     if device.type == "cpu":
         return "eager", f"{dtype} on a CPU: eager verify steps cost about one plain step already"
     return "eager", f"compiled decoding is not measured on {device.type} (compile=auto compiles)"

@@ -55,7 +55,9 @@ def test_serve_check_medusa_in_vllm(tmp_path, monkeypatch):
     # not about numerics; real heads read the same in the compiled engine (README: tau 1.34 vs ours 1.31).
     monkeypatch.setenv("HEADSTART_VLLM_EAGER", "1")
     drafter = briefly_trained_heads(tmp_path)
-    report = serve_check(drafter, QUESTIONS, tmp_path / "run" / "serve_check", k=2, max_new=32, dtype="float32")
+    report = serve_check(
+        drafter, QUESTIONS, tmp_path / "run" / "serve_check", k=2, max_new=32, dtype="float32"
+    )
     (row,) = report["layouts"]
     assert row["layout"] == "medusa-vllm" and row["vllm"]["loaded"], row["vllm"]["error"]
     assert row["ours"]["position_rates"][0] > 0.3  # trained on these answers: the check is not vacuous
