@@ -120,10 +120,13 @@ class LookupStep:
 
 @dataclass
 class Branch:
-    """A lookup branch to model: the probe's steps and the search's seconds per step."""
+    """A lookup branch to model: the probe's steps and the search's seconds per step. `padded` (0: not): the
+    branch's length when verify steps run at fixed shapes (compiled, eval/engine/compiled.py), where every step
+    is padded to the tree plus that many nodes, whatever the chain added that step."""
 
     steps: list[LookupStep]
     search_s: float
+    padded: int = 0
 
 
 def up_to(steps: list[LookupStep], n: int) -> list[LookupStep]:
@@ -160,12 +163,15 @@ def branch_effect(tree: Tree, steps: list[LookupStep]) -> tuple[float, dict[int,
 
 def predict(setting: Setting, acc: list[list[float]], costs: Costs, branch: Branch | None = None) -> dict:
     """The setting's expected tokens per step, seconds per step, tokens/s and speedup over vanilla (with a
-    lookup branch on top when given: the step cost averaged over the widths the branch makes)."""
+    lookup branch on top when given: the step cost averaged over the widths the branch makes, or at the
+    whole branch's width when steps are padded)."""
     e, extra, added, search = expected_tokens(setting.tree, acc), {}, {}, 0.0
     if branch is not None:
         gain, added = branch_effect(setting.tree, branch.steps)
         e, search = e + gain, branch.search_s
         extra = {"lookup_gain": gain, "lookup_nodes": sum(k * p for k, p in added.items())}
+        if branch.padded:  # every step verifies the tree plus the whole branch
+            added = {branch.padded: 1.0}
     width = setting.tree.size
     step = sum(p * costs.step(setting, width + k) for k, p in (added or {0: 1.0}).items()) + search
     return {
@@ -205,7 +211,7 @@ def rank_with_branch(
     prediction names its length (`branch_tokens`)."""
     scored = []
     for n in range(max_tokens + 1):
-        cut = Branch(up_to(branch.steps, n), branch.search_s) if n else None
+        cut = Branch(up_to(branch.steps, n), branch.search_s, n if branch.padded else 0) if n else None
         scored += [(s, predict(s, acc, costs, cut) | {"branch_tokens": n}) for s in settings]
     return _fastest_first(scored)
 

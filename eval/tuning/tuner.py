@@ -46,8 +46,9 @@ log = logging.getLogger("headstart.eval")
 # apart from the scored ones, at the eval's temperature class, for a stated thread count, plain decoding a choice;
 # 5: compiled steps priced over cache-length buckets (eval/engine/runner.py), not the whole preallocated cache;
 # 6: steps priced at the probe's median sequence, not its first (a compiled step's cost depends on the bucket);
-# 7: the lookup branch's length chosen too (`branch_tokens`, up to the eval's lookup_tokens)
-VERSION = 7
+# 7: the lookup branch's length chosen too (`branch_tokens`, up to the eval's lookup_tokens); 8: compiled steps
+# priced at the branch's whole width, as the decoder pads them
+VERSION = 8
 LOOKUP_KEY = "lookup search"  # the branch's cost, timed beside the drafter's settings
 # verify widths timed (up to max_width); compiled, each width compiles once (minutes on a CPU): fewer of them,
 # the costs between interpolated
@@ -432,7 +433,9 @@ def tune(
         calls[LOOKUP_KEY] = lambda: find_candidates(ids, MAX_NGRAM, use.lookup_tokens)
     costs = m.costs
     costs.draft = time_calls(calls, cfg.reps, backbone.device)
-    branch = Branch(m.branch_steps, costs.draft.pop(LOOKUP_KEY)) if use.lookup_tokens else None
+    # compiled steps run at fixed shapes: every step pays the branch's whole width (the decoder pads to it)
+    padded = use.lookup_tokens if use.compiled else 0
+    branch = Branch(m.branch_steps, costs.draft.pop(LOOKUP_KEY), padded) if use.lookup_tokens else None
     ranked = (
         rank_with_branch(settings, acc, costs, branch, use.lookup_tokens)
         if branch

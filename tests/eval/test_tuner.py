@@ -135,6 +135,25 @@ def test_a_branch_costs_the_mean_of_its_widths_not_the_width_of_its_mean():
     assert pred["step_ms"] == pytest.approx(1000 * (1.0 + 2.0) / 2)  # not c(3 + 2) = 1.0
 
 
+def test_compiled_steps_pay_the_whole_branch_every_step():
+    """Compiled, the decoder pads every verify to the tree plus the whole branch (fixed shapes), so the branch
+    costs c(tree + n) on every step, not the mean over the widths its matches made; its gain is the same."""
+    steps = [LookupStep((), 0, (), 4), LookupStep((), 0, (), 0)]
+    costs = Costs(verify={1: 1.0, 5: 1.0, 6: 2.0, 8: 2.0}, draft={"d": 0.0}, bookkeeping={1: 0.0})
+    chain2, acc = tree_from_paths([[0], [0, 0]]), [[0.5], [0.5]]
+    eager = predict(Setting({}, chain2, "d"), acc, costs, Branch(steps, search_s=0.0))
+    padded = predict(Setting({}, chain2, "d"), acc, costs, Branch(steps, search_s=0.0, padded=4))
+    assert eager["step_ms"] == pytest.approx(1500.0) and padded["step_ms"] == pytest.approx(
+        2000.0
+    )  # c(3 + 4)
+    assert padded["tokens_per_step"] == eager["tokens_per_step"]
+    # each length the tuner weighs is padded to itself: a 1-token branch to width 4, 2 tokens to width 5
+    ranked = rank_with_branch([Setting({}, chain2, "d")], acc, costs, Branch(steps, 0.0, padded=4), 4)
+    assert {p["branch_tokens"]: p["step_ms"] for _, p in ranked} == pytest.approx(
+        {0: 1000.0, 1: 1000.0, 2: 1000.0, 3: 2000.0, 4: 2000.0}
+    )
+
+
 def test_the_branch_length_is_chosen_from_what_each_length_gains_and_costs():
     chain2, acc = tree_from_paths([[0], [0, 0]]), [[0.5], [0.5]]  # 1.75 tokens a step on its own
     assert up_to(STEPS, 1) == [
