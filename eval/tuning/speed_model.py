@@ -200,8 +200,14 @@ def _fastest_first(scored: list[tuple[Setting, dict]]) -> list[tuple[Setting, di
 def rank(
     settings: list[Setting], acc: list[list[float]], costs: Costs, branch: Branch | None = None
 ) -> list[tuple[Setting, dict]]:
-    """(setting, prediction) pairs, fastest first."""
-    return _fastest_first([(s, predict(s, acc, costs, branch)) for s in settings])
+    """(setting, prediction) pairs, fastest first; only settings whose width was measured (no extrapolation)."""
+    return _fastest_first([(s, predict(s, acc, costs, branch)) for s in settings if _priced(s, 0, costs)])
+
+
+def _priced(setting: Setting, branch_tokens: int, costs: Costs) -> bool:
+    """Whether the setting's widest verify (its tree plus the whole branch) is within the measured widths: past
+    the widest, interpolation would price it at the widest's cost."""
+    return setting.tree.size + branch_tokens <= max(costs.verify)
 
 
 def rank_with_branch(
@@ -212,7 +218,9 @@ def rank_with_branch(
     scored = []
     for n in range(max_tokens + 1):
         cut = Branch(up_to(branch.steps, n), branch.search_s, n if branch.padded else 0) if n else None
-        scored += [(s, predict(s, acc, costs, cut) | {"branch_tokens": n}) for s in settings]
+        scored += [
+            (s, predict(s, acc, costs, cut) | {"branch_tokens": n}) for s in settings if _priced(s, n, costs)
+        ]
     return _fastest_first(scored)
 
 

@@ -152,6 +152,10 @@ def test_compiled_steps_pay_the_whole_branch_every_step():
     assert {p["branch_tokens"]: p["step_ms"] for _, p in ranked} == pytest.approx(
         {0: 1000.0, 1: 1000.0, 2: 1000.0, 3: 2000.0, 4: 2000.0}
     )
+    # past the widest measured width a cost would be the widest's: such settings are not ranked
+    wide = Setting({}, tree_from_paths([[0], [1], [2], [0, 0], [0, 1]]), "d")  # width 6: with 3 tokens, 9 > 8
+    ranked = rank_with_branch([wide], acc, costs, Branch(steps, 0.0, padded=4), 4)
+    assert sorted(p["branch_tokens"] for _, p in ranked) == [0, 1, 2]
 
 
 def test_the_branch_length_is_chosen_from_what_each_length_gains_and_costs():
