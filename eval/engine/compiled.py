@@ -40,6 +40,7 @@ log = logging.getLogger("headstart.eval")
 
 COMPILE_MODES = ("eager", "auto", "max-autotune")
 HARDWARE = "hardware"  # the eval's mode chosen from the device and the compute dtype (`for_hardware`)
+EVAL_MODES = (*COMPILE_MODES, HARDWARE)  # what the eval config accepts
 # dynamo keeps every graph of `_step` in one per-code cache: (width, last_only) pairs times backbones pass its
 # default limit of 8, after which it would silently run eagerly
 _RECOMPILE_LIMIT = 64

@@ -12,7 +12,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from headstart.cli_checks import unknown_keys, unknown_message
-from headstart.eval.engine.compiled import COMPILE_MODES, HARDWARE
+from headstart.eval.engine.compiled import EVAL_MODES
 from headstart.eval.engine.proposers import DRAFT, LOOKAHEAD, PROPOSERS, TREE_METHODS, TREE_NAMES
 from headstart.eval.engine.proposers.lookahead import LookaheadOptions
 from headstart.eval.errors import EvalError  # noqa: F401  (re-raised by the entry scripts)
@@ -134,9 +134,9 @@ class EvalConfig:
                 "method=draft needs a draft model. Fix: draft=<Hub id, folder or .gguf>, or method= (empty) "
                 "with a distillspec checkpoint (its distilled draft is used)"
             )
-        if self.compile not in (*COMPILE_MODES, HARDWARE):
+        if self.compile not in EVAL_MODES:
             raise EvalError(
-                f"compile={self.compile!r}: expected one of {[*COMPILE_MODES, HARDWARE]}. Fix: compile=eager"
+                f"compile={self.compile!r}: expected one of {list(EVAL_MODES)}. Fix: compile=eager"
             )
         if self.draft_weights not in INT8_MODES:
             raise EvalError(f"draft_weights={self.draft_weights!r}: expected one of {list(INT8_MODES)}")

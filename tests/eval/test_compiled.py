@@ -35,9 +35,8 @@ def test_the_hardware_mode_follows_the_compute_dtype():
     assert compiled.for_hardware(cpu, "bfloat16")[0] == "eager"
     assert compiled.for_hardware(cuda, "float32")[0] == compiled.for_hardware(cuda, "bfloat16")[0] == "eager"
     assert all(compiled.for_hardware(d, t)[1] for d in (cpu, cuda) for t in ("float32", "bfloat16"))
-    with pytest.raises(
-        ValueError, match=r"compile='hardware': expected one of"
-    ):  # the eval resolves it first
+    # the eval resolves it first: a Decoder takes the mode it chose
+    with pytest.raises(ValueError, match=r"compile='hardware': expected one of"):
         Decoder(tiny_backbone(), compile="hardware")
 
 
