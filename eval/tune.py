@@ -53,6 +53,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, help="write decoding.json here instead of beside the checkpoint")
     p.add_argument("--probe-prompts", type=int, default=TunerConfig.probe_prompts)
     p.add_argument("--reps", type=int, default=TunerConfig.reps)
+    p.add_argument("--confirm", type=int, default=TunerConfig.confirm,
+                   help="the model's best settings decoded to price them (0: the model's prices)")  # fmt: skip
     p.add_argument(
         "--lookup-tokens",
         type=int,
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
         loaded = LoadedDrafter(*load_drafter(ckpt, backbone, meta), ckpt)
         for_decoding(loaded.drafter, backbone.device, args.draft_weights)
         cfg = TunerConfig(mode="force" if args.force else "auto", prompts=args.prompts, threads=args.threads,
-                          probe_prompts=args.probe_prompts, reps=args.reps)  # fmt: skip
+                          probe_prompts=args.probe_prompts, reps=args.reps, confirm=args.confirm)  # fmt: skip
         probe = probe_prompts(cfg.prompts, backbone, cfg.probe_prompts)
         method = registry.get(meta["method"]).proposer
         cache = args.max_cache_len if resolve_compile(args.compile, backbone.device) else 0
@@ -117,6 +119,10 @@ def summary(tuned: Tuned) -> str:
         f"verify ms by width: {ms(c['verify'])}",
         f"drafter ms by setting: {ms(c['draft'])}",
         f"bookkeeping ms by width: {ms(c['bookkeeping'])}; prefill {1000 * c['prefill']:.1f} ms",
+        *([f"finalists decoded (plain {record['plain_step_ms']:.1f} ms a step): " + "; ".join(
+            f"{f['summary']['verify_width']} wide + {f.get('branch_tokens', 0)} lookup: {f['step_ms']:.1f} ms "
+            f"(modelled {f['step_ms_modelled']:.1f}), {f['speedup']:.3f}x" for f in record["confirmed"])]
+          if record.get("confirmed") else []),
         f"acceptance ({record['acceptance']['source']}): "
         + json.dumps([[round(a, 3) for a in row[:4]] for row in record["acceptance"]["table"]]),
         *([f"plain decoding chosen: {record['choice_reason']}"] if record["choice"] == PLAIN else []),

@@ -30,6 +30,7 @@ from headstart.eval.engine.proposers.lookup_branch import shared_prefix
 from headstart.eval.engine.proposers.prompt_lookup import MAX_NGRAM, find_candidates
 from headstart.eval.engine.tree import Tree, chain_tree
 from headstart.eval.timing.bounds import step_costs
+from headstart.eval.tuning import confirm
 from headstart.eval.tuning.prompts import DEFAULT_TUNING_PROMPTS
 from headstart.eval.tuning.speed_model import (
     Branch,
@@ -47,8 +48,8 @@ log = logging.getLogger("headstart.eval")
 # 5: compiled steps priced over cache-length buckets (eval/engine/runner.py), not the whole preallocated cache;
 # 6: steps priced at the probe's median sequence, not its first (a compiled step's cost depends on the bucket);
 # 7: the lookup branch's length chosen too (`branch_tokens`, up to the eval's lookup_tokens); 8: compiled steps
-# priced at the branch's whole width, as the decoder pads them
-VERSION = 8
+# priced at the branch's whole width, as the decoder pads them; 9: the finalists priced by decoding them
+VERSION = 9
 LOOKUP_KEY = "lookup search"  # the branch's cost, timed beside the drafter's settings
 # verify widths timed (up to max_width); compiled, each width compiles once (minutes on a CPU): fewer of them,
 # the costs between interpolated
@@ -87,6 +88,9 @@ class TunerConfig:
     # the prediction ran 12-18% high on the CPUs measured (docs/results.md), and a speculation that loses costs
     # more than a plain decode that could have won a few percent. Decided on every use, a reused record too
     min_gain: float = 0.10
+    # the model's best settings re-priced by decoding each beside plain decoding (eval/tuning/confirm.py): the
+    # parts timed apart missed ~5 ms of a 44 ms compiled step under AVX2 kernels; 0: the model's price stands
+    confirm: int = 3
 
     def __post_init__(self) -> None:
         if self.mode not in MODES or self.acceptance not in ("auto", "measured"):
@@ -98,8 +102,11 @@ class TunerConfig:
             raise ValueError(
                 "tuner: reps >= 3, max_width >= 0, probe_prompts >= 1 and probe_tokens >= 4 expected"
             )
-        if self.threads < 0:
-            raise ValueError(f"tuner.threads={self.threads}: expected >= 0 (0: the machine's cores)")
+        if self.threads < 0 or self.confirm < 0:
+            raise ValueError(
+                f"tuner.threads={self.threads} / tuner.confirm={self.confirm}: expected >= 0 (threads 0: the "
+                "machine's cores; confirm 0: no finalist decoded)"
+            )
         if not 0 <= self.min_gain < 1:
             raise ValueError(
                 f"tuner.min_gain={self.min_gain}: expected in [0, 1) (0.10: 10% faster at least)"
@@ -442,10 +449,24 @@ def tune(
         else rank(settings, acc, costs)
     )
     ranked_k = rank(chains, acc, costs)
+    top = [{"summary": _summary(s, p) | {"width": s.tree.size}, **p} for s, p in ranked[:5]]
+    plain_s, confirmed = costs.vanilla_step(), {}
+    if (
+        cfg.confirm
+    ):  # the model's finalists decoded beside plain decoding: their prices become the decoded ones
+        ranked, plain_s = confirm.confirm(method, backbone, loaded, ranked, m.context, n=cfg.confirm,
+                                          new_tokens=cfg.probe_tokens, reps=cfg.reps, use=use,
+                                          prompts=prompts)  # fmt: skip
+        confirmed = {"confirmed": [{"summary": _summary(s, p) | {"width": s.tree.size}, **p} for s, p in ranked],
+                     "plain_step_ms": 1000 * plain_s}  # fmt: skip
     (best, pred), (chain, chain_pred) = ranked[0], ranked_k[0]
     choice, reason = decide(ranked, cfg.min_gain)
-    top = [{"summary": _summary(s, p) | {"width": s.tree.size}, **p} for s, p in ranked[:5]]
-    vanilla = {"vanilla_tokens_per_s": 1 / costs.vanilla_step(), "prefill_vanilla_steps": costs.prefill / costs.vanilla_step()}  # fmt: skip
+    if confirmed:
+        reason += (
+            f"; its step decoded at {pred['step_ms']:.1f} ms (modelled {pred['step_ms_modelled']:.1f}), "
+            f"plain's at {1000 * plain_s:.1f}"
+        )
+    vanilla = {"vanilla_tokens_per_s": 1 / plain_s, "prefill_vanilla_steps": costs.prefill / plain_s}
     return {
         "version": VERSION,
         "method": method,
@@ -458,7 +479,8 @@ def tune(
         "decoder_summary": _summary(best, pred),
         "predicted": pred | vanilla,
         "vllm": {"num_speculative_tokens": chain.tree.size - 1, **chain_pred},
-        "top": top,
+        "top": top,  # the model's ranking; `confirmed`: its finalists as decoded, fastest first
+        **confirmed,
         "acceptance": {"source": source, "table": acc, "measured": m.acceptance, "probe": m.probe}
         | ({"lookup_steps": len(m.branch_steps)} if use.lookup_tokens else {}),
         "costs_s": costs.to_json() | ({"lookup_search": branch.search_s} if branch else {}),

@@ -258,9 +258,18 @@ def speculation_pays(monkeypatch):
         run.bookkeeping = dict.fromkeys(run.bookkeeping, run.bookkeeping[1])
         return run
 
+    from headstart.eval.tuning import confirm
+
+    real_decoded = confirm.decoded_costs
+
+    def as_plain(decoders, *args, **kw):  # the finalists decoded (so each runs), priced at plain's step
+        costs = real_decoded(decoders, *args, **kw)
+        return dict.fromkeys(costs, costs["plain"])
+
     monkeypatch.setattr(tuner, "step_costs", flat)
     monkeypatch.setattr(tuner, "time_calls", cheap)
     monkeypatch.setattr(tuner, "_probe", even_bookkeeping)
+    monkeypatch.setattr(confirm, "decoded_costs", as_plain)
 
 
 @pytest.fixture
@@ -449,3 +458,71 @@ def test_eagle_tuning_measures_and_chooses(method, tmp_path):
     assert record["costs_s"]["draft"] and 1 <= record["vllm"]["num_speculative_tokens"] <= 8
     spec = build_decoder(m.proposer, bb, loaded, **record["decoder"])
     assert spec.proposer.width == record["decoder"]["tree_nodes"] + 1
+
+
+# ---------------------------------------------------------------- the finalists, decoded
+
+
+def test_finalists_are_repriced_by_their_decoded_steps(ckpt, monkeypatch):
+    """The model ranked the wide tree first; decoded, its step costs 3 plain steps and the narrow one 1.2: the
+    narrow one comes first, each speedup its tokens per step over its decoded step, in plain steps."""
+    from headstart.eval.tuning import confirm
+    from headstart.eval.tuning.tuner import Use
+    from headstart.models.backbone import load_backbone
+    from headstart.models.checkpoint import LoadedDrafter, load_drafter
+
+    meta = json.loads((ckpt / "config.json").read_text())
+    from headstart.models.backbone import BackboneConfig
+
+    bb = load_backbone(BackboneConfig(**meta["backbone"]))
+    loaded = LoadedDrafter(*load_drafter(ckpt, bb), ckpt)
+    wide, narrow = tree_from_paths([[0], [1], [0, 0]]), chain_tree(1)
+    ranked = [
+        (Setting({"tree": [[0], [1], [0, 0]]}, wide, "depth2"), {"tokens_per_step": 2.0, "step_ms": 10.0, "speedup": 2.0}),
+        (Setting({"tree": [[0]]}, narrow, "depth1"), {"tokens_per_step": 1.5, "step_ms": 10.0, "speedup": 1.5}),
+    ]  # fmt: skip
+    seen = {}
+
+    def decoded(decoders, context, new_tokens, reps, *rest):
+        seen.update({k: d.proposer.width if d.proposer else 1 for k, d in decoders.items()})
+        return {"plain": 0.010, "0": 0.030, "1": 0.012}
+
+    monkeypatch.setattr(confirm, "decoded_costs", decoded)
+    out, plain = confirm.confirm(
+        "medusa", bb, loaded, ranked, [5, 6, 7, 8], n=2, new_tokens=4, reps=3, use=Use()
+    )
+    assert seen == {"plain": 1, "0": 4, "1": 2}  # each finalist decoded as the eval builds it
+    assert plain == 0.010 and [s.tree.size for s, _ in out] == [2, 4]
+    first = out[0][1]
+    assert first["speedup"] == pytest.approx(1.5 / 0.012 * 0.010) and first["step_ms"] == pytest.approx(12.0)
+    assert first["step_ms_modelled"] == 10.0 and out[1][1]["speedup"] == pytest.approx(2.0 / 3)
+    assert "tokens_per_step_modelled" not in first  # greedy: acceptance stays the model's
+    # sampling: each finalist's tokens per step decoded on the probe's prompts, the model's kept beside
+    out, _ = confirm.confirm("medusa", bb, loaded, ranked, [5, 6, 7, 8], n=2, new_tokens=6, reps=3,
+                             use=Use(temperature=1.0), prompts=[[5, 6, 7], [9, 10]])  # fmt: skip
+    for _, pred in out:
+        assert pred["tokens_per_step_modelled"] in (2.0, 1.5) and 1.0 <= pred["tokens_per_step"] <= 4.0
+        assert pred["speedup"] == pytest.approx(pred["tokens_per_step"] / (pred["step_ms"] / 1000) * 0.010)
+
+
+def test_decoded_costs_time_each_decoder_after_an_untimed_round(ckpt):
+    """One untimed decode per decoder (compiles, warms), then `reps` timed ones each; the cost is the mean step."""
+    from headstart.eval.engine.decoder import Decoder
+    from headstart.eval.tuning.confirm import decoded_costs
+    from headstart.models.backbone import BackboneConfig, load_backbone
+
+    meta = json.loads((ckpt / "config.json").read_text())
+    bb = load_backbone(BackboneConfig(**meta["backbone"]))
+    calls = []
+
+    class Counting(Decoder):
+        def generate(self, *args, **kw):
+            out = super().generate(*args, **kw)
+            calls.append(len(out.stats.step_latency_s))
+            return out
+
+    costs = decoded_costs(
+        {"a": Counting(bb, max_cache_len=64), "b": Counting(bb, max_cache_len=64)}, [5, 6, 7], 6, 2
+    )
+    assert len(calls) == 2 * 3 and set(calls) == {5}  # 6 tokens: the prefill's and 5 steps, no EOS stop
+    assert set(costs) == {"a", "b"} and all(0 < t < 1 for t in costs.values())

@@ -270,7 +270,13 @@ def test_when_nothing_pays_plain_decoding_is_chosen_said_and_decoded(
     def dear(*args, **kw):
         return {w: t if int(w) == 1 else 100 * t for w, t in real(*args, **kw).items()}
 
+    from headstart.eval.tuning import confirm
+
+    def dear_decoded(decoders, *args, **kw):  # the finalists decoded too, at the same prices
+        return {k: 0.01 if k == "plain" else 1.0 for k in decoders}
+
     monkeypatch.setattr(tuner_module, "step_costs", dear)
+    monkeypatch.setattr(confirm, "decoded_costs", dear_decoded)
     with caplog.at_level(logging.WARNING, logger="headstart.eval"):
         report = _eval(ckpt, scored, tmp_path / "a", tuning, lookup_tokens=2)
     d = report["decoding"]
