@@ -6,13 +6,15 @@ acceptance, cache compaction), not the sum of the parts the model timed apart.
 Why: the parts miss what lies between them. On the main job's heads under AVX2 kernels (float32, compiled) the
 model priced a 1-node tree + 4-token branch at ~39 ms a step (the verify width interpolated between the widths it
 compiled, the drafter and search timed alone); the eval's decode took 44 ms a step, and the 1.39x the tuner
-predicted measured 1.05x (docs/results.md). Acceptance stays the model's (tokens per step from the probe or the
-checkpoint's table): one decode of one prompt says little about it. Except when sampling: there the finalists'
-tokens per step are decoded too, on the probe's prompts. A wide probe tree over-reads a narrow tree's acceptance at
-temperature > 0: where every candidate is rejected the bonus token comes from the target's residual, i.e. never
-the heads' own guess, and the next step's heads (reading the hidden state before that token) guess worse; a wide
-tree is rejected outright less often. The main job's heads, float32, the tuning prompts at temperature 1: the wide
-probe's table read 0.139 at position 1, a 1-node tree decoded 0.092 (greedy: 0.172 and 0.165).
+predicted measured 1.05x; and plain decoding decoded at 27.6 ms a step where its step timed alone read 30.0, so
+the speedups were over a slower plain decoding than the eval's (docs/results.md). Acceptance stays the model's
+(tokens per step from the probe or the checkpoint's table): one decode of one prompt says little about it. Except
+when sampling: there the finalists' tokens per step are decoded too, on the probe's prompts. A wide probe tree
+over-reads a narrow tree's acceptance at temperature > 0: where every candidate is rejected the bonus token comes
+from the target's residual, i.e. never the heads' own guess, and the next step's heads (reading the hidden state
+before that token) guess worse; a wide tree is rejected outright less often. The main job's heads, float32, the
+tuning prompts at temperature 1: the wide probe's table read 0.139 at position 1, a 1-node tree decoded 0.092
+(greedy: 0.172 and 0.165).
 """
 
 from __future__ import annotations
