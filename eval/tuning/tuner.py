@@ -391,6 +391,11 @@ def _summary(setting: Setting, pred: dict) -> dict:
     )
 
 
+def _listed(ranked: list[tuple[Setting, dict]]) -> list[dict]:
+    """Ranked settings as a record lists them: each one's summary and width beside its prediction."""
+    return [{"summary": _summary(s, p) | {"width": s.tree.size}, **p} for s, p in ranked]
+
+
 def decide(ranked: list[tuple[Setting, dict]], min_gain: float = 0.0) -> tuple[str, str]:
     """(choice, reason): speculate with the fastest setting when it is predicted more than `min_gain` faster than
     plain decoding, else plain decoding (no setting at or below 1x is ever chosen: plain is as fast and has
@@ -449,16 +454,14 @@ def tune(
         else rank(settings, acc, costs)
     )
     ranked_k = rank(chains, acc, costs)
-    top = [{"summary": _summary(s, p) | {"width": s.tree.size}, **p} for s, p in ranked[:5]]
+    top = _listed(ranked[:5])
     plain_s, confirmed = costs.vanilla_step(), {}
-    if (
-        cfg.confirm
-    ):  # the model's finalists decoded beside plain decoding: their prices become the decoded ones
+    # the model's finalists decoded beside plain decoding: their prices become the decoded ones
+    if cfg.confirm:
         ranked, plain_s = confirm.confirm(method, backbone, loaded, ranked, m.context, n=cfg.confirm,
                                           new_tokens=cfg.probe_tokens, reps=cfg.reps, use=use,
                                           prompts=prompts)  # fmt: skip
-        confirmed = {"confirmed": [{"summary": _summary(s, p) | {"width": s.tree.size}, **p} for s, p in ranked],
-                     "plain_step_ms": 1000 * plain_s}  # fmt: skip
+        confirmed = {"confirmed": _listed(ranked), "plain_step_ms": 1000 * plain_s}
     (best, pred), (chain, chain_pred) = ranked[0], ranked_k[0]
     choice, reason = decide(ranked, cfg.min_gain)
     if confirmed:
