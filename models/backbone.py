@@ -70,6 +70,24 @@ class BackboneConfig:
         return replace(self, dtype=choice.dtype)
 
 
+def named_backbone(name: str, **overrides) -> BackboneConfig | None:
+    """The backbone `backbone=NAME` selects (conf/backbone/NAME.yaml), or None when NAME names none of them
+    (a Hub id, a folder, a .gguf file) or one that needs more settings (`hf`: its path)."""
+    from importlib.resources import files
+
+    import yaml
+
+    if not name or "/" in name or name.endswith(".gguf"):
+        return None
+    conf = files("headstart.conf") / "backbone" / f"{name}.yaml"
+    if not conf.is_file():
+        return None
+    values = yaml.safe_load(conf.read_text()) or {}
+    if any(isinstance(v, str) and "${" in v for v in values.values()):
+        return None
+    return BackboneConfig(**{"name": name, **values, **overrides})
+
+
 def cache_root(cfg: BackboneConfig) -> Path:
     root = cfg.cache_dir or os.environ.get("HEADSTART_CACHE") or Path.home() / ".cache" / "headstart"
     return Path(root).expanduser()

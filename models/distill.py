@@ -42,7 +42,9 @@ DATA_MODES = ("fixed", "teacher", "student", "mixture")
 @dataclass
 class DistillConfig:
     init: str = "pruned"  # pretrained | pruned | fresh
-    draft_path: str = ""  # init=pretrained: Hub id / folder / .gguf, the target's tokenizer
+    draft_path: str = (
+        ""  # init=pretrained: a backbone name (conf/backbone), Hub id, folder or .gguf; same tokenizer
+    )
     keep_layers: list[int] = field(default_factory=list)  # init=pruned: layers kept; []: evenly spaced
     num_layers: int = 6  # init=fresh: decoder layers; init=pruned without keep_layers: how many to keep
     freeze_embeddings: bool = False  # keep the embeddings and lm_head as initialized (fewer trained)
@@ -63,7 +65,7 @@ class DistillConfig:
                 raise ValueError(f"method.{key}={getattr(self, key)!r}: expected one of {list(allowed)}")
         if self.init == "pretrained" and not self.draft_path:
             raise ValueError(
-                "method.init=pretrained needs method.draft_path (a Hub id or folder of the draft LM)"
+                "method.init=pretrained needs method.draft_path (a backbone name, Hub id or folder of the draft LM)"
             )
         if any(i < 0 for i in self.keep_layers) or list(self.keep_layers) != sorted(set(self.keep_layers)):
             raise ValueError(

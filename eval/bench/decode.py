@@ -51,7 +51,7 @@ from headstart.eval.timing.harness import (
 )
 from headstart.eval.timing.openmp import spin_when_idle
 from headstart.hardware import announce, machine_facts, machine_line, resolve_dtype
-from headstart.models.backbone import Backbone, BackboneConfig, eos_token_ids, load_backbone
+from headstart.models.backbone import Backbone, BackboneConfig, eos_token_ids, load_backbone, named_backbone
 from headstart.models.checkpoint import read_meta
 from headstart.models.int8 import MODES as INT8_MODES
 
@@ -65,9 +65,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="drafter checkpoint folders of one backbone (the first one's is used): a row each, side by side",
     )
     p.add_argument(
-        "--backbone", default="", help="backbone (Hub id, folder, .gguf, tiny); default: the checkpoint's"
+        "--backbone",
+        default="",
+        help="backbone (a name backbone= takes, Hub id, folder, .gguf, tiny); default: the checkpoint's",
     )
-    p.add_argument("--draft", default="", help="draft model (same tokenizer) for ours draft + HF assisted")
+    p.add_argument(
+        "--draft",
+        default="",
+        help="draft model (same tokenizer; named as --backbone) for ours draft + HF assisted",
+    )
     p.add_argument(
         "--prompts",
         nargs="+",
@@ -293,6 +299,8 @@ def drafter_decoders(args, checkpoint: str, backbone: Backbone, kw: dict, record
     from headstart.models.int8 import for_decoding
 
     opts = {"tree_nodes": args.tree_nodes} if args.tree_nodes else (record or {}).get("decoder", {})
+    if read_meta(checkpoint)["method"] == "distillspec":  # no tree: its record's chain, else --draft's length
+        opts = (record or {}).get("decoder") or {"num_draft_tokens": args.num_draft_tokens}
     branch = args.lookup_tokens if args.tree_nodes else branch_tokens(record, args.lookup_tokens)
     if branch < args.lookup_tokens:
         print(f"{run_name(checkpoint)}: a lookup branch of {branch} (its tuner's length, of --lookup-tokens "
@@ -453,7 +461,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     first = args.checkpoint[0] if args.checkpoint else None
     bcfg = BackboneConfig(**read_meta(first)["backbone"]) if first else BackboneConfig()
     if args.backbone:  # with a checkpoint too: load_drafter still checks that the heads fit it
-        bcfg = replace(bcfg, name=Path(args.backbone).name, path=args.backbone)
+        bcfg = named_backbone(args.backbone) or replace(
+            bcfg, name=Path(args.backbone).name, path=args.backbone
+        )
     choice = resolve_dtype(args.dtype or bcfg.dtype, device, setting="--dtype")
     announce("--dtype", choice)
     bcfg = replace(bcfg, dtype=choice.dtype)
@@ -468,7 +478,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(report(backbone, bcfg.dtype, args.widths, args.context, args.reps, mode))
         return []
     draft = (
-        load_backbone(BackboneConfig(name="draft", path=args.draft, dtype=bcfg.dtype), device)
+        load_backbone(
+            named_backbone(args.draft, dtype=bcfg.dtype)
+            or BackboneConfig(name="draft", path=args.draft, dtype=bcfg.dtype),
+            device,
+        )
         if args.draft
         else None
     )

@@ -9,6 +9,11 @@ sampling, lossless in distribution), each prompt with the same seed before and a
 
     python eval/bench/distill_tau.py --checkpoint runs/<run> --prompts 8 --tokens 64 [--dtype float32]
     python eval/bench/distill_tau.py --checkpoint runs/<run> --temperature 1
+    python eval/bench/distill_tau.py --checkpoint runs/<run> --write-before runs/<run>/undistilled
+
+`--write-before DIR` writes the "before" draft as a drafter folder of the same run (same target, method
+settings and layouts) and stops: the undistilled draft then goes through every engine the distilled one does
+(`bench-decode --checkpoint`, `serve-check --checkpoint`, vLLM's `draft_model` through its export).
 """
 
 from __future__ import annotations
@@ -26,7 +31,13 @@ from headstart.eval.engine.proposers.draft_model import DraftOptions
 from headstart.eval.stage.config import DEFAULT_PROMPTS
 from headstart.eval.stage.prompts import chat_ids, load_prompts
 from headstart.models.backbone import Backbone, BackboneConfig, load_backbone
-from headstart.models.checkpoint import build_drafter, load_drafter, read_meta, resolve_checkpoint
+from headstart.models.checkpoint import (
+    build_drafter,
+    load_drafter,
+    read_meta,
+    resolve_checkpoint,
+    save_drafter,
+)
 from headstart.models.distill import DistillConfig
 
 
@@ -55,6 +66,19 @@ def measure(
     return result
 
 
+def undistilled(meta: dict, target: Backbone):
+    """The checkpoint's draft as it was before training: its init rebuilt (`fresh`: with the run's seed)."""
+    torch.manual_seed(meta["job"]["train"]["seed"] if "job" in meta else 0)
+    return build_drafter("distillspec", DistillConfig(**meta["method_config"]), target)
+
+
+def write_before(out: Path, meta: dict, bb_cfg: BackboneConfig, target: Backbone) -> None:
+    drafter = undistilled(meta, target)
+    extra = {"step": 0, "job": meta["job"]} if "job" in meta else {"step": 0}
+    save_drafter(out, drafter, "distillspec", drafter.cfg, bb_cfg, target, extra=extra)
+    print(f"the undistilled draft written to {out}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", type=Path, required=True, help="run dir or distillspec drafter folder")
@@ -64,6 +88,7 @@ def main() -> None:
     p.add_argument("--prompt-file", default=DEFAULT_PROMPTS)
     p.add_argument("--dtype", default="", help="target and draft dtype (default: the checkpoint's target's)")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (checked against vanilla)")
+    p.add_argument("--write-before", type=Path, help="write the undistilled draft as a drafter folder here")
     args = p.parse_args()
     if args.temperature < 0:
         p.error(f"--temperature={args.temperature}: must be >= 0 (0 is greedy)")
@@ -71,6 +96,9 @@ def main() -> None:
     meta = read_meta(ckpt)
     bb_cfg = BackboneConfig(**meta["backbone"])
     target = load_backbone(replace(bb_cfg, dtype=args.dtype) if args.dtype else bb_cfg)
+    if args.write_before:
+        write_before(args.write_before, meta, bb_cfg, target)
+        return
     rows = load_prompts(args.prompt_file, limit_per_category=1).prompts[: args.prompts]
     prompts = [chat_ids(target.tokenizer, [{"role": "user", "content": r.turns[0]}]) for r in rows]
     ref = None
@@ -78,8 +106,7 @@ def main() -> None:
         vanilla = Decoder(target, "vanilla", max_cache_len=1024)
         ref = [vanilla.generate(ids, args.tokens).tokens for ids in prompts]
 
-    torch.manual_seed(meta["job"]["train"]["seed"] if "job" in meta else 0)  # `fresh` init: the run's seed
-    before = build_drafter("distillspec", DistillConfig(**meta["method_config"]), target).draft
+    before = undistilled(meta, target).draft
     after = load_drafter(ckpt, target)[0].draft
     result = {
         "checkpoint": str(ckpt),

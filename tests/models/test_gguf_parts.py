@@ -13,7 +13,7 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
-from headstart.models.backbone import BackboneConfig, load_backbone
+from headstart.models.backbone import BackboneConfig, load_backbone, named_backbone
 from headstart.models.gguf_parts import PartsError, joined_gguf, missing
 from headstart.train.config import register_configs, to_job
 
@@ -35,6 +35,20 @@ def test_named_qwen_backbones_compose(name, n, first, hub):
     assert (bb.name, bb.hub_id, len(bb.parts), bb.parts[0]) == (name, hub, n, first)
     assert bb.parts[-1].startswith(first.split("1==")[0] + str(n) + "==")  # in joining order, none skipped
     assert bb.path.endswith(".gguf") and "/" not in bb.path
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "smollm2-135m", "tiny"])
+def test_named_backbone_is_what_backbone_equals_name_composes(name):
+    """A DistillSpec draft or a bench's --draft named like a backbone resolves to the same config."""
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        cfg = compose(config_name="medusa", overrides=[f"backbone={name}"])
+    assert named_backbone(name) == to_job(cfg, "medusa").backbone
+    assert named_backbone(name, dtype="float32").dtype == "float32"
+
+
+@pytest.mark.parametrize("path", ["hf", "Qwen/Qwen2.5-Coder-0.5B-Instruct", "model.gguf", "no-such-name", ""])
+def test_named_backbone_leaves_paths_and_hub_ids_alone(path):
+    assert named_backbone(path) is None
 
 
 CHUNKS = [b"GGUF" + b"a" * 10, b"b" * 7, b"c" * 3]
