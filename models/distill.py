@@ -290,6 +290,10 @@ class DistillDrafter(DrafterBase):
         self._teacher_head: list[nn.Module] = []
         self._teacher_cap: float | None = None
 
+    @property
+    def starts_trained(self) -> bool:
+        return self.cfg.init != "fresh"
+
     def attach_teacher_head(self, lm_head: nn.Module, softcap: float | None = None) -> None:
         """`softcap`: the target's final logit soft cap (Gemma-2); the draft's own comes from its config."""
         self._teacher_head, self._teacher_cap = [lm_head], softcap

@@ -31,6 +31,10 @@ class Drafter(Protocol):
 
 
 class DrafterBase(nn.Module):
+    # True where the drafter starts from a trained model (a pretrained or pruned draft LM): training then
+    # evaluates it once before the first step, and says so if training made it worse (train/loop.py)
+    starts_trained: bool = False
+
     def feature_cache(self) -> tuple[tuple[int, ...], str] | None:
         return None
 

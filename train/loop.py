@@ -140,6 +140,7 @@ class Run:
     eval_ds: Dataset  # held-out rows as tokenized (the quick eval decodes their prompts)
     data_stats: dict
     log_model: str = "none"  # W&B model logging: none | checkpoint | end
+    eval_before: dict = field(default_factory=dict)  # a drafter that starts trained: its eval before step 1
 
     @property
     def run_dir(self) -> Path:
@@ -165,6 +166,7 @@ def _train(job: JobConfig, resolved: dict, acc: Accelerator) -> Path:
     step = resume(run, resume_dir)
     init_tracking(acc, job.logger, job.run_dir, resolved, resuming=resume_dir is not None)
     run.log_model = job.logger.model_logging() if job.logger.kind == "wandb" else "none"
+    evaluate_before(run, step)
     step, last_eval = train_steps(run, step)
     return finish(run, step, last_eval)
 
@@ -287,8 +289,43 @@ def resume(run: Run, resume_dir: Path | None) -> int:
             "it out of checkpoints/ to resume from the previous one, or train.resume=never"
         ) from e
     step = read_step(resume_dir)
+    saved = resume_dir / DRAFTER_DIR / CONFIG_NAME
+    if saved.is_file():
+        run.eval_before = json.loads(saved.read_text()).get("eval_before", {})
     log.info("resumed from %s at step %d", resume_dir, step)
     return step
+
+
+def evaluate_before(run: Run, step: int) -> None:
+    """A drafter that starts trained (a pretrained draft LM) is evaluated once before it is changed: the
+    baseline its training must beat (logged at step 0, kept in its checkpoints and final_eval.json)."""
+    if step or not getattr(run.acc.unwrap_model(run.drafter), "starts_trained", False):
+        return
+    run.eval_before = evaluate(
+        run.acc, run.step_fn, run.backbone, run.drafter, run.eval_dl, run.job.train.eval_batches
+    )
+    run.acc.log(run.eval_before, step=0)
+    log.info(
+        "step 0 eval (before training) %s", json.dumps({k: round(v, 4) for k, v in run.eval_before.items()})
+    )
+
+
+def worse_than_before(before: dict, after: dict) -> str:
+    """One line when training raised the held-out loss of a drafter that started trained, else ''."""
+    key = "eval/loss"
+    if key not in before or key not in after or after[key] <= before[key]:
+        return ""
+    agree = "eval/top1_match"
+    top1 = (
+        f", top-1 agreement {before[agree]:.4f} -> {after[agree]:.4f}"
+        if agree in before and agree in after
+        else ""
+    )
+    return (
+        f"training made the drafter worse than it started: held-out loss {before[key]:.4f} -> {after[key]:.4f}"
+        f"{top1}. Fix: a lower optim.lr, a larger batch (train.grad_accum) or more data; the drafter it started "
+        "from is the better one to serve"
+    )
 
 
 def train_steps(run: Run, step: int) -> tuple[int, dict]:
@@ -387,7 +424,7 @@ def save(run: Run, step: int, last_eval: dict) -> None:
         "data_stats": run.data_stats,
         "eval": last_eval,
         "head_topk_accuracy": head_topk_accuracy(last_eval),
-    }
+    } | ({"eval_before": run.eval_before} if run.eval_before else {})
     state = partial(save_drafter_state, acc, run.job, run.backbone, run.drafter, extra=extra)
     ckpt = save_checkpoint(acc, run.run_dir, step, state)
     if acc.is_main_process:
@@ -417,6 +454,10 @@ def finish(run: Run, step: int, last_eval: dict) -> Path:
                 final.rename(old)
             tmp.rename(final)
             shutil.rmtree(old, ignore_errors=True)
+        if run.eval_before:
+            final_eval = final_eval | {f"before/{k}": v for k, v in run.eval_before.items()}
+            if warning := worse_than_before(run.eval_before, final_eval):
+                log.warning(warning)
         write_final_eval(run_dir, final_eval)
     acc.wait_for_everyone()
     if run.log_model != "none":

@@ -16,6 +16,7 @@ from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import build_drafter, load_drafter
 from headstart.models.distill import DistillConfig
 from headstart.train.distill_data import pick_mode
+from headstart.train.loop import worse_than_before
 from helpers import run_train, train_overrides, write_chat_file
 
 SCRIPT = "train/distill.py"
@@ -78,10 +79,39 @@ def test_fixed_data_run_writes_drafter_lowers_loss_and_resumes(tmp_path):
         trained.draft.model.layers[0].mlp.up_proj.weight, init.draft.model.layers[0].mlp.up_proj.weight
     )
 
+    # the pruned draft starts trained: evaluated once before step 1, the baseline kept with every checkpoint
+    assert "step 0 eval (before training)" in res.stderr + res.stdout
+    before = meta["eval_before"]
+    assert before["eval/loss"] > losses[6] and "made the drafter worse" not in res.stderr + res.stdout
+    final = json.loads((run_dir / "final_eval.json").read_text())
+    assert final["before/eval/loss"] == before["eval/loss"]
+
     res = run_train(overrides(tmp_path, "fixed", **{"train.max_steps": 8}), script=SCRIPT)
     assert "resumed from" in res.stderr + res.stdout
+    assert "step 0 eval" not in res.stderr + res.stdout  # the baseline comes with the checkpoint
     assert json.loads((run_dir / "drafter" / "config.json").read_text())["step"] == 8
     assert sorted(eval_losses(run_dir)) == [2, 4, 6, 8]
+    assert json.loads((run_dir / "final_eval.json").read_text())["before/eval/loss"] == before["eval/loss"]
+
+
+def test_a_draft_made_worse_by_training_is_named_at_the_end(tmp_path):
+    """A learning rate far too high for a pretrained (here pruned) draft: the run finishes and says, in one
+    line, that the draft it started from is better."""
+    extra = {"train.max_steps": 2, "train.eval_every": 2, "optim.lr": 0.5, "optim.warmup_steps": 0}
+    res = run_train(overrides(tmp_path, "worse", **extra), script=SCRIPT)
+    final = json.loads((tmp_path / "worse" / "final_eval.json").read_text())
+    assert final["eval/loss"] > final["before/eval/loss"]
+    line = next(x for x in (res.stderr + res.stdout).splitlines() if "made the drafter worse" in x)
+    assert f"held-out loss {final['before/eval/loss']:.4f} -> {final['eval/loss']:.4f}" in line
+    assert "optim.lr" in line
+
+
+def test_worse_than_before_compares_held_out_loss():
+    before = {"eval/loss": 0.36, "eval/top1_match": 0.785}
+    assert worse_than_before(before, {"eval/loss": 0.35, "eval/top1_match": 0.78}) == ""
+    line = worse_than_before(before, {"eval/loss": 0.57, "eval/top1_match": 0.72})
+    assert "0.3600 -> 0.5700" in line and "0.7850 -> 0.7200" in line
+    assert worse_than_before({}, {"eval/loss": 1.0}) == ""
 
 
 @pytest.mark.parametrize("mode", ["student", "mixture"])
