@@ -292,14 +292,16 @@ def drafter_decoders(args, checkpoint: str, backbone: Backbone, kw: dict, record
     With several checkpoints (or a --draft model beside one) each row names its run (the folder above
     `drafter/`)."""
     from headstart.eval.engine.decoder import build_decoder
-    from headstart.eval.engine.proposers import TREE_METHODS
+    from headstart.eval.engine.proposers import DRAFT, TREE_METHODS
     from headstart.models import registry
     from headstart.models.checkpoint import LoadedDrafter, load_drafter
     from headstart.models.decoding import branch_tokens
     from headstart.models.int8 import for_decoding
 
     opts = {"tree_nodes": args.tree_nodes} if args.tree_nodes else (record or {}).get("decoder", {})
-    if read_meta(checkpoint)["method"] == "distillspec":  # no tree: its record's chain, else --draft's length
+    if (
+        registry.proposer_of(read_meta(checkpoint)["method"]) == DRAFT
+    ):  # no tree: its record's chain, else --draft's
         opts = (record or {}).get("decoder") or {"num_draft_tokens": args.num_draft_tokens}
     branch = args.lookup_tokens if args.tree_nodes else branch_tokens(record, args.lookup_tokens)
     if branch < args.lookup_tokens:
