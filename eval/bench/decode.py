@@ -299,8 +299,9 @@ def drafter_decoders(args, checkpoint: str, backbone: Backbone, kw: dict, record
     from headstart.models.int8 import for_decoding
 
     opts = {"tree_nodes": args.tree_nodes} if args.tree_nodes else (record or {}).get("decoder", {})
-    if registry.proposer_of(read_meta(checkpoint)["method"]) == DRAFT:  # a draft LM has no tree: its
-        opts = (record or {}).get("decoder") or {"num_draft_tokens": args.num_draft_tokens}  # record's chain
+    if registry.proposer_of(read_meta(checkpoint)["method"]) == DRAFT:
+        # a draft LM has no tree: the chain its record chose, else --num-draft-tokens like --draft's row
+        opts = (record or {}).get("decoder") or {"num_draft_tokens": args.num_draft_tokens}
     branch = args.lookup_tokens if args.tree_nodes else branch_tokens(record, args.lookup_tokens)
     if branch < args.lookup_tokens:
         print(f"{run_name(checkpoint)}: a lookup branch of {branch} (its tuner's length, of --lookup-tokens "
