@@ -166,7 +166,7 @@ train_launch() {
   local script=$1; shift
   # glibc's mmap threshold rises to the largest block freed (up to 32 MB), after which a training step's
   # mid-sized tensors come from the heap and fragment it: with gradient accumulation a DistillSpec run grew
-  # ~0.7 GB a step until killed. A fixed 4 MB threshold keeps it flat at the same speed (docs/results.md).
+  # ~0.8 GiB a step until killed. A fixed 4 MB threshold keeps it flat at the same speed (docs/results.md).
   export MALLOC_MMAP_THRESHOLD_=${MALLOC_MMAP_THRESHOLD_:-4194304}
   local hf_home=${HF_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/huggingface}
   local gpus=0
