@@ -88,6 +88,12 @@ def named_backbone(name: str, **overrides) -> BackboneConfig | None:
     return BackboneConfig(**{"name": name, **values, **overrides})
 
 
+def backbone_config(path: str, name: str, **overrides) -> BackboneConfig:
+    """The backbone `backbone=PATH` selects when PATH is such a name, else one (called `name`) loading PATH as
+    it is: a Hub id, folder, .gguf file or `tiny`."""
+    return named_backbone(path, **overrides) or BackboneConfig(name=name, path=path, **overrides)
+
+
 def cache_root(cfg: BackboneConfig) -> Path:
     root = cfg.cache_dir or os.environ.get("HEADSTART_CACHE") or Path.home() / ".cache" / "headstart"
     return Path(root).expanduser()

@@ -42,9 +42,7 @@ DATA_MODES = ("fixed", "teacher", "student", "mixture")
 @dataclass
 class DistillConfig:
     init: str = "pruned"  # pretrained | pruned | fresh
-    draft_path: str = (
-        ""  # init=pretrained: a backbone name (conf/backbone), Hub id, folder or .gguf; same tokenizer
-    )
+    draft_path: str = ""  # init=pretrained: a backbone name, Hub id, folder or .gguf (the same tokenizer)
     keep_layers: list[int] = field(default_factory=list)  # init=pruned: layers kept; []: evenly spaced
     num_layers: int = 6  # init=fresh: decoder layers; init=pruned without keep_layers: how many to keep
     freeze_embeddings: bool = False  # keep the embeddings and lm_head as initialized (fewer trained)

@@ -16,7 +16,7 @@ import re
 import torch
 from torch import nn
 
-from headstart.models.backbone import Backbone, BackboneConfig, load_backbone, named_backbone
+from headstart.models.backbone import Backbone, backbone_config, load_backbone
 from headstart.models.distill import DistillConfig, DistillDrafter
 
 PER_LAYER_KEYS = ("layer_types", "no_rope_layers")  # config lists with one entry per decoder layer
@@ -113,10 +113,8 @@ def check_same_tokenizer(target_tok, draft_tok, draft_name: str) -> None:
 
 
 def pretrained_draft(cfg: DistillConfig, target: Backbone) -> nn.Module:
-    # a name `backbone=` takes (its packages joined and converted like the target's), else a Hub id, folder,
-    # .gguf file or `tiny`; load_backbone defaults pad to eos like the target's
-    named = named_backbone(cfg.draft_path, dtype="float32")
-    loaded = load_backbone(named or BackboneConfig(name="draft", path=cfg.draft_path, dtype="float32"))
+    # a named backbone's packages are joined and converted like the target's; load_backbone defaults pad to eos
+    loaded = load_backbone(backbone_config(cfg.draft_path, "draft", dtype="float32"))
     check_same_tokenizer(target.tokenizer, loaded.tokenizer, cfg.draft_path)
     return loaded.model
 

@@ -35,6 +35,7 @@ from headstart.models.checkpoint import (
     DRAFTER_DIR,
     CheckpointError,
     build_drafter,
+    checkpoint_meta,
     save_drafter,
     write_final_eval,
 )
@@ -289,9 +290,7 @@ def resume(run: Run, resume_dir: Path | None) -> int:
             "it out of checkpoints/ to resume from the previous one, or train.resume=never"
         ) from e
     step = read_step(resume_dir)
-    saved = resume_dir / DRAFTER_DIR / CONFIG_NAME
-    if saved.is_file():
-        run.eval_before = json.loads(saved.read_text()).get("eval_before", {})
+    run.eval_before = (checkpoint_meta(resume_dir / DRAFTER_DIR) or {}).get("eval_before", {})
     log.info("resumed from %s at step %d", resume_dir, step)
     return step
 
@@ -305,9 +304,12 @@ def evaluate_before(run: Run, step: int) -> None:
         run.acc, run.step_fn, run.backbone, run.drafter, run.eval_dl, run.job.train.eval_batches
     )
     run.acc.log(run.eval_before, step=0)
-    log.info(
-        "step 0 eval (before training) %s", json.dumps({k: round(v, 4) for k, v in run.eval_before.items()})
-    )
+    log.info("step 0 eval (before training) %s", brief(run.eval_before))
+
+
+def brief(evaluation: dict) -> str:
+    """An evaluation as its log line shows it: 4 decimals, no per-rank histograms."""
+    return json.dumps({k: round(v, 4) for k, v in evaluation.items() if "/rank" not in k})
 
 
 def worse_than_before(before: dict, after: dict) -> str:
@@ -403,8 +405,7 @@ def after_step(run: Run, step: int, meters: Meters, bar, last_eval: dict) -> dic
     if step % t.eval_every == 0 or step == t.max_steps:
         last_eval = evaluate(acc, run.step_fn, run.backbone, run.drafter, run.eval_dl, t.eval_batches)
         acc.log(last_eval, step=step)
-        brief = {k: round(v, 4) for k, v in last_eval.items() if "/rank" not in k}
-        log.info("step %d eval %s", step, json.dumps(brief))
+        log.info("step %d eval %s", step, brief(last_eval))
     quick_every = t.eval_every if t.quick_eval_every is None else t.quick_eval_every
     if quick_every and (step % quick_every == 0 or step == t.max_steps):
         measured = measured_tau(acc, t, run.method.name, run.backbone, run.drafter, run.eval_ds)

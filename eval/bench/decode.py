@@ -51,7 +51,14 @@ from headstart.eval.timing.harness import (
 )
 from headstart.eval.timing.openmp import spin_when_idle
 from headstart.hardware import announce, machine_facts, machine_line, resolve_dtype
-from headstart.models.backbone import Backbone, BackboneConfig, eos_token_ids, load_backbone, named_backbone
+from headstart.models.backbone import (
+    Backbone,
+    BackboneConfig,
+    backbone_config,
+    eos_token_ids,
+    load_backbone,
+    named_backbone,
+)
 from headstart.models.checkpoint import read_meta
 from headstart.models.int8 import MODES as INT8_MODES
 
@@ -479,13 +486,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(report(backbone, bcfg.dtype, args.widths, args.context, args.reps, mode))
         return []
     draft = (
-        load_backbone(
-            named_backbone(args.draft, dtype=bcfg.dtype)
-            or BackboneConfig(name="draft", path=args.draft, dtype=bcfg.dtype),
-            device,
-        )
-        if args.draft
-        else None
+        load_backbone(backbone_config(args.draft, "draft", dtype=bcfg.dtype), device) if args.draft else None
     )
     prompts = [
         chat_ids(backbone.tokenizer, [{"role": "user", "content": t}])
