@@ -312,7 +312,7 @@ class Backbone(nn.Module):
 
     @property
     def vocab_size(self) -> int:
-        return self.model.get_output_embeddings().weight.shape[0]
+        return self.lm_head.out_features  # not `.weight`: an int8 lm_head would dequantize to answer
 
     @property
     def num_layers(self) -> int:
@@ -338,11 +338,11 @@ class Backbone(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.lm_head.weight.device
+        return self.embed_tokens.weight.device  # the input embedding: never stored in int8 (models/int8.py)
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        return self.embed_tokens.weight.dtype
 
     @torch.no_grad()
     def forward(

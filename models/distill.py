@@ -296,6 +296,12 @@ class DistillDrafter(DrafterBase):
         """`softcap`: the target's final logit soft cap (Gemma-2); the draft's own comes from its config."""
         self._teacher_head, self._teacher_cap = [lm_head], softcap
 
+    def int8_modules(self) -> list[nn.Module]:
+        """Decoding on CPU: every projection of the draft LM, its lm_head included (a tied one gets its own int8
+        copy; the input embedding, read a row a token, stays as trained). A draft LM's step reads all its
+        weights: in int8 half the bytes (models/int8.py has the measured step)."""
+        return [self.draft]
+
     def checkpoint_meta(self) -> dict:
         """What load_drafter needs besides the weights: the draft's HF config."""
         return {"draft_config": self.draft.config.to_dict()}

@@ -90,6 +90,33 @@ def test_int8_drafters_decode_losslessly(backbone, method):
         assert isinstance(d.lm_head, Int8Linear)
 
 
+def test_an_int8_draft_model_decodes_losslessly(backbone):
+    """A DistillSpec draft LM: every projection in int8, the tied lm_head as its own int8 copy, the input
+    embedding as trained; the backbone's dtype, device and vocabulary still read without dequantizing."""
+    from headstart.models.backbone import Backbone
+    from headstart.models.distill import DistillConfig
+
+    # every target layer kept: natively a copy of the target; in int8 its near-ties can draft other tokens
+    d = build_drafter("distillspec", DistillConfig(keep_layers=[0, 1]), backbone).eval()
+    prompt = list(range(40, 60))
+    ref = Decoder(backbone, "vanilla", max_cache_len=256).generate(prompt, 32).tokens
+    served = d.serving(backbone)
+    native = Decoder(backbone, proposer_config("draft", num_draft_tokens=3, **served), max_cache_len=256)
+    native = native.generate(prompt, 32)
+    assert for_decoding(d, "cpu", "auto") == "int8"
+    draft = d.draft
+    assert isinstance(draft.get_output_embeddings(), Int8Linear)
+    assert isinstance(draft.model.layers[0].mlp.down_proj, Int8Linear)
+    assert type(draft.get_input_embeddings()) is nn.Embedding
+    served = d.serving(backbone)
+    bb = served["draft_backbone"]
+    assert isinstance(bb, Backbone) and bb.vocab_size == backbone.vocab_size and bb.dtype == backbone.dtype
+    out = Decoder(backbone, proposer_config("draft", num_draft_tokens=3, **served), max_cache_len=256)
+    out = out.generate(prompt, 32)
+    assert out.tokens == native.tokens == ref
+    assert native.stats.tau > 3 and out.stats.tau > 3  # int8 rounding leaves the draft's argmaxes nearly all
+
+
 def test_a_decoding_json_is_reused_only_for_the_weights_it_was_tuned_with(backbone):
     from headstart.eval.tuning.records import conditions, matches
     from headstart.eval.tuning.tuner import VERSION
