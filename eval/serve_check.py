@@ -67,6 +67,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--suffix", action="store_true", help="vLLM's suffix decoding beside ngram (arctic-inference)"
     )
+    p.add_argument(
+        "--one-at-a-time",
+        action="store_true",
+        help="each engine alone (started, every prompt, stopped) instead of all alive at once: for a target and "
+        "draft model that do not fit in memory three times over; speedups then carry the machine's drift",
+    )
     p.add_argument("--out", type=Path, help="default: <run>/serve_check")
     p.add_argument(
         "--threads", type=int, default=1, help="torch threads for headstart's decoder (vLLM sets its own)"
@@ -98,7 +104,8 @@ def main(argv: list[str] | None = None) -> None:
             if normalise(q.turns[0]) not in scored
         ]
         report = serve_check(drafter, [q.turns[0] for q in chosen], out, args.k, args.max_new_tokens, categories,
-                             args.hybrid, args.suffix, spread(spare, TUNING_PROMPTS), dtype=args.dtype)  # fmt: skip
+                             args.hybrid, args.suffix, spread(spare, TUNING_PROMPTS), dtype=args.dtype,
+                              one_at_a_time=args.one_at_a_time)  # fmt: skip
     except (FileNotFoundError, ValueError, BackboneError, VllmError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

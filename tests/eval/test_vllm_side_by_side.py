@@ -25,6 +25,7 @@ class FakeEngine:
     STEP_S = {1: 0.011, 2: 0.012, 3: 0.016, 4: 0.020}  # 4: the ngram baseline's K
     ACCEPT = {1: 0.5, 2: 0.8, 3: 0.9, 4: 0.95}
     started: list[dict] = []
+    alive = most_alive = 0
 
     def __init__(self, spec: dict, log_path=None, env=None) -> None:
         self.spec, self.log_path, self.startup_s = spec, log_path, 1.0
@@ -55,10 +56,12 @@ class FakeEngine:
         pass
 
     def __enter__(self):
+        FakeEngine.alive += 1
+        FakeEngine.most_alive = max(FakeEngine.most_alive, FakeEngine.alive)
         return self
 
     def __exit__(self, *exc) -> None:
-        pass
+        FakeEngine.alive -= 1
 
 
 class Recorder:
@@ -133,7 +136,7 @@ def fake_vllm(monkeypatch):
     import headstart.eval.serving.k_sweep as vk
     import headstart.vllm_runner as vr
 
-    FakeEngine.started = []
+    FakeEngine.started, FakeEngine.alive, FakeEngine.most_alive = [], 0, 0
     monkeypatch.setattr(vr, "on_gpu", lambda: False)
     monkeypatch.setattr(il.VllmRunner, "settle_s", 0.0)  # a fake engine does not busy-poll
     monkeypatch.setattr(
@@ -280,3 +283,26 @@ def test_the_serve_check_starts_every_engine_first_and_interleaves(medusa_ckpt, 
     assert set(b["speedup"]) == {"vllm:medusa-vllm", "vllm:ngram", "ours:drafter", "ours:prompt_lookup"}
     assert b["speedup"]["vllm:medusa-vllm"]["all"] == pytest.approx((12 / (7 * 0.012)) / 100)
     assert "Timed side by side" in (tmp_path / "sc" / "serve_check.md").read_text()
+
+
+def test_one_engine_at_a_time_runs_each_alone_with_the_whole_memory_share(medusa_ckpt, fake_vllm, tmp_path):
+    """For a pair that does not fit in memory three times over: each vLLM engine started alone after ours ran,
+    with the memory a single engine gets; the same runs and counters come back, and the report says how it was
+    timed."""
+    from headstart.eval.serving.check import serve_check
+
+    questions = ["Say hi.", "Count to three.", "Name a colour.", "Add 2 and 2."]
+    write_decoding(
+        medusa_ckpt, _tuner_record(k=2) | {"conditions": {"device": "cpu", "temperature": "greedy"}}
+    )
+    report = serve_check(medusa_ckpt, questions, tmp_path / "sc", max_new=12, categories=["a", "a", "b", "b"],
+                         one_at_a_time=True)  # fmt: skip
+    kinds = [(s.get("speculative_config") or {}).get("method") for s in fake_vllm.started]
+    assert kinds == [None, "medusa", "ngram"] and fake_vllm.most_alive == 1
+    assert all(s["kv_cache_memory_bytes"] == 3 * 2**30 for s in fake_vllm.started)  # one engine's share
+    assert report["timing"] == "one at a time"
+    (row,) = report["layouts"]
+    assert row["vllm"]["loaded"] and row["vllm"]["tau"] == pytest.approx(11 / 7)
+    assert len(row["vllm"]["per_prompt"]) == 4 and len(row["ours"]["per_prompt"]) == 4
+    assert report["baselines"]["speedup"]["vllm:ngram"]["all"] > 0
+    assert "Timed one engine at a time" in (tmp_path / "sc" / "serve_check.md").read_text()
