@@ -465,11 +465,12 @@ def run_side_by_side(
 ) -> tuple[dict, dict[str, str]]:
     """Start every vLLM engine of `specs` (one that cannot start is recorded, unless it is plain or ngram),
     run the prompts interleaved across them and `ours`. -> {name: OursRun | EngineRun}, {name: start error}.
-    `together=False`: ours first, then each vLLM engine alone (started, every prompt, stopped), for engines that
-    do not fit in memory together."""
-    groups = [specs] if together else [{}] + [{name: spec} for name, spec in specs.items()]
+    `together=False`: each vLLM engine alone (started, every prompt, stopped), then ours, for engines that do not
+    fit in memory together (vLLM's plain engine first: one that cannot start stops the check before any run)."""
+    alone = [({name: spec}, {}) for name, spec in specs.items()] + [({}, ours)]
+    groups = [(specs, ours)] if together else alone
     timed, counters, engines, errors = {}, {}, {}, {}
-    for i, group in enumerate(groups):
+    for group, ours_here in groups:
         with ExitStack() as stack:
             started, failed = start_engines(
                 stack, model, group, max_len, out / "logs", tolerate=True, dtype=dtype
@@ -481,7 +482,7 @@ def run_side_by_side(
             ):
                 if name in errors:
                     raise VllmError(f"vLLM cannot {what}: {errors[name]}")
-            runners = (ours if i == 0 else {}) | {name: VllmRunner(e, eos) for name, e in started.items()}
+            runners = ours_here | {name: VllmRunner(e, eos) for name, e in started.items()}
             if not runners:
                 continue
             with tqdm(total=len(prompts), desc=f"serve check, {', '.join(runners)}, prompts") as bar:
