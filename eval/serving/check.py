@@ -467,8 +467,9 @@ def run_side_by_side(
     run the prompts interleaved across them and `ours`. -> {name: OursRun | EngineRun}, {name: start error}.
     `together=False`: each vLLM engine alone (started, every prompt, stopped), then ours, for engines that do not
     fit in memory together (vLLM's plain engine first: one that cannot start stops the check before any run)."""
-    alone = [({name: spec}, {}) for name, spec in specs.items()] + [({}, ours)]
-    groups = [(specs, ours)] if together else alone
+    groups = (
+        [(specs, ours)] if together else [({name: spec}, {}) for name, spec in specs.items()] + [({}, ours)]
+    )
     timed, counters, engines, errors = {}, {}, {}, {}
     for group, ours_here in groups:
         with ExitStack() as stack:
