@@ -234,7 +234,7 @@ def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new) -> dict 
     # the greedy record for the device vLLM serves from here (the rule is kept in it, replacing only it)
     record = read_decoding(drafter_dir, greedy=True, device="cuda" if on_gpu() else "cpu") or {}
     rule = record.get("lookup_rule")
-    if not rule or rule.get("k") != k or "max_tokens" not in rule:  # older records: no growing chains tried
+    if not rule or rule.get("k") != k or "speed_by_rule" not in rule:  # older records: priced by tau alone
         if not questions:
             raise ValueError(
                 "no prompts to tune the lookup rule on. Fix: --hybrid M, or more prompts in --prompts"
@@ -247,12 +247,12 @@ def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new) -> dict 
         # vLLM builds num_speculative_tokens Medusa heads: a chain grows no longer than the heads shipped
         _, longest = chain_options(proposer, LONG_CHAIN, loaded.drafter)
         ids = [chat_ids(backbone.tokenizer, [{"role": "user", "content": q}]) for q in questions]
-        # an older record of these prompts already has the fixed chains' taus: only the growing one is decoded
+        # an older record of these prompts keeps each rule's tau and widths: only what is new is decoded
         asked = {"k": k, "prompts": len(ids), "max_new_tokens": max_new}
         same = rule and all(rule.get(key) == value for key, value in asked.items())
         tuned = tune_lookup_rule(
             backbone, proposer, loaded, chain, k, ids, max_new, lookup_lengths(k, reachable), longest,
-            known=rule.get("tau_by_rule") if same else None,
+            known=rule if same else None,
         )  # fmt: skip
         rule = tuned.to_json()
         if record:

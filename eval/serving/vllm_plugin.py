@@ -52,16 +52,24 @@ log = logging.getLogger("vllm.headstart_lookup")  # a child of vLLM's logger: it
 
 def find_match(context: np.ndarray, max_ngram: int, num_tokens: int) -> tuple[int, list[int]]:
     """context (T,) ints -> (n, tokens): up to `num_tokens` tokens that followed the earliest earlier occurrence
-    of the longest matching suffix n-gram, and n; (0, []) when none matches. The same search as headstart's
-    prompt lookup (eval/engine/proposers/prompt_lookup.py; tests hold the two equal)."""
-    length = len(context)
-    for n in range(min(max_ngram, length - 1), 0, -1):
-        windows = np.lib.stride_tricks.sliding_window_view(context, n)  # (T-n+1, n)
-        for start in np.flatnonzero((windows == context[-n:]).all(axis=1)):
-            begin, end = start + n, min(start + n + num_tokens, length)
-            if begin < end:  # the suffix itself (begin == length) proposes nothing
-                return n, context[begin:end].tolist()
-    return 0, []
+    of the longest matching suffix n-gram, and n; (0, []) when none matches. headstart's prompt lookup runs it
+    too (eval/engine/proposers/prompt_lookup.py), so both engines search alike. One pass: the
+    earlier positions holding the last token, narrowed one token further back at a time while any still match,
+    so n-grams of 16 cost what n-grams of 3 do (700 tokens: 2.5 us either way; a window comparison per n took
+    85 and 540 us, a few percent of a SmolLM2 step at 16)."""
+    most = min(max_ngram, len(context) - 1)
+    ends = np.flatnonzero(context[:-1] == context[-1]) if most >= 1 else np.empty(0, dtype=np.int64)
+    if not len(ends):
+        return 0, []
+    n = 1
+    while n < most:
+        ok = ends >= n
+        ok[ok] = context[ends[ok] - n] == context[-1 - n]
+        if not ok.any():
+            break
+        ends, n = ends[ok], n + 1
+    begin = int(ends[0]) + 1
+    return n, context[begin : begin + num_tokens].tolist()
 
 
 def chain_length(n: int, base: int | None, most: int) -> int:

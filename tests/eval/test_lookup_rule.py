@@ -1,17 +1,26 @@
-"""The hybrid's rule, tuned (eval/tuning/lookup_rule.py): which (lookup chain L, min_match m) wins on greedy tau,
-the lengths searched, and a real tune on a tiny backbone whose record the serve check and the cards read back."""
+"""The hybrid's rule, tuned (eval/tuning/lookup_rule.py): which (lookup chain L, min_match m) wins on predicted
+speed (greedy tau priced by verify cost by width), the lengths searched, when a growing chain is kept, and a real
+tune on a tiny backbone whose record the serve check and the cards read back."""
 
 import pytest
 
-from headstart.eval.tuning.lookup_rule import TAU_SLACK, lookup_lengths, pick_rule, tune_lookup_rule
+from headstart.eval.tuning.lookup_rule import (
+    SLACK,
+    growth,
+    lookup_lengths,
+    pick_rule,
+    predicted_speed,
+    steps_by_width,
+    tune_lookup_rule,
+)
 from headstart.models.decoding import plugin_serving, served_rule
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def test_the_best_tau_wins_and_near_ties_go_to_the_narrower_rule():
+def test_the_fastest_rule_wins_and_near_ties_go_to_the_narrower_rule():
     assert pick_rule({None: 1.2, (2, 1): 1.3, (2, 2): 1.35, (4, 1): 1.5, (4, 2): 1.45}) == (4, 1)
-    near = 1.5 * (1 - TAU_SLACK / 2)  # within the slack of the best: the shorter chain, then the larger m
+    near = 1.5 * (1 - SLACK / 2)  # within the slack of the best: the shorter chain, then the larger m
     assert pick_rule({None: 1.2, (2, 1): near, (2, 2): near, (4, 1): 1.5}) == (2, 2)
     assert pick_rule({None: 1.5, (2, 1): 1.5, (4, 1): 1.49}) is None  # the drafter alone is in the tie
 
@@ -20,6 +29,41 @@ def test_lookup_lengths_run_from_the_drafters_chain_to_ngrams():
     assert lookup_lengths(2, reachable=16) == [2, 3, 4]
     assert lookup_lengths(2, reachable=3) == [2, 3]  # a Medusa export cannot serve more heads than it has
     assert lookup_lengths(5, reachable=16) == [5]  # never shorter than the drafter's chain
+
+
+def test_growing_chains_are_tried_up_to_what_the_drafter_serves():
+    assert growth(3, 16) == [8, 16]
+    assert growth(1, 3) == [3] and growth(4, 12) == [8, 12]
+    assert growth(4, 4) == [] and growth(2, None) == []  # a Medusa export of 4 heads cannot grow past them
+
+
+def test_steps_by_width_and_their_price_worked_by_hand():
+    # 10 forwards; 6 had a 1st draft, 4 a 2nd, 1 a 3rd: widths 4 x1, 3 x3, 2 x2, and 4 steps drafted nothing
+    assert steps_by_width(10, [6, 4, 1]) == {4: 1, 3: 3, 2: 2, 1: 4}
+    assert steps_by_width(3, []) == {1: 3}
+    # tau 2 over 4 steps costing 1 + 1 + 1.5 + 1.5 plain steps: 8 tokens in 5 steps' time
+    assert predicted_speed(2.0, {1: 2, 3: 2}, {1: 1.0, 2: 1.1, 3: 1.5}) == pytest.approx(1.6)
+    assert predicted_speed(2.0, {9: 1}, {1: 1.0, 4: 1.25}) == pytest.approx(1.6)  # past the curve: its widest
+
+
+def test_a_growing_chain_is_kept_only_where_its_wider_verifies_pay():
+    """Recorded taus and widths, two cost curves: growing adds 5% tau through 10 steps of width 4; it is kept
+    where width 4 costs as much as width 2, not where it costs twice a plain step."""
+    known = {
+        "tau_by_rule": {"none": 1.2, "L=1,m=1": 1.5, "L=1,m=2": 1.4, "L=1,m=3": 1.3, "L=1,m=1,max=3": 1.575},
+        "widths_by_rule": {"none": {"2": 100}, "L=1,m=1": {"2": 100}, "L=1,m=2": {"2": 100},
+                           "L=1,m=3": {"2": 100}, "L=1,m=1,max=3": {"2": 90, "4": 10}},
+    }  # fmt: skip
+    args = (None, "medusa", None, {}, 1, [[1, 2, 3]], 8, [1], 3, known)
+    flat = tune_lookup_rule(*args, cost={1: 1.0, 2: 1.05, 3: 1.05, 4: 1.05})
+    assert (flat.lookup_tokens, flat.min_match, flat.max_tokens) == (1, 1, 3)
+    assert flat.speed_by_rule["L=1,m=1,max=3"] == pytest.approx(1.575 / 1.05)
+    steep = tune_lookup_rule(*args, cost={1: 1.0, 2: 1.05, 3: 1.5, 4: 2.0})
+    assert (steep.lookup_tokens, steep.min_match, steep.max_tokens) == (1, 1, None)
+    assert (
+        steep.verify_cost == {"1": 1.0, "2": 1.05, "3": 1.5, "4": 2.0}
+        and steep.tau_by_rule == known["tau_by_rule"]
+    )
 
 
 def test_a_rule_is_served_as_the_longer_chain_with_the_drafter_cut():
@@ -51,18 +95,32 @@ def test_tuning_decodes_every_rule_and_records_the_choice(backbone):
     chain, _ = chain_options("medusa", 1, heads)
     prompt = [5, 6, 7, 8, 9, 10] * 4
     rule = tune_lookup_rule(backbone, "medusa", loaded, chain, 1, [prompt], 12, lookup_lengths(1, 3))
-    grown = (
-        f"L={rule.lookup_tokens},m={rule.min_match},max=8"  # the chosen rule, tried growing with its match
-    )
+    chosen = f"L={rule.lookup_tokens},m={rule.min_match}"
+    grown = {f"{chosen},max={most}" for most in (8, 16)}  # the chosen rule, tried growing with its match
     fixed = {f"L={L},m={m}" for L in (1, 2, 3) for m in (1, 2, 3)}
-    assert set(rule.tau_by_rule) == {"none", grown} | fixed
+    assert (
+        set(rule.tau_by_rule)
+        == set(rule.speed_by_rule)
+        == set(rule.widths_by_rule)
+        == {"none"} | grown | fixed
+    )
     assert rule.min_match is not None and rule.k == 1 and rule.lookup_tokens in (1, 2, 3)
-    kept = rule.tau_by_rule[grown] > rule.tau_by_rule[grown.rsplit(",", 1)[0]] * (1 + TAU_SLACK)
-    assert rule.max_tokens == (8 if kept else None) and rule.served_k == (8 if kept else rule.lookup_tokens)
+    assert set(rule.verify_cost) == {str(w) for w in range(1, 18)} and rule.verify_cost["1"] == 1.0
+    for (
+        name,
+        widths,
+    ) in rule.widths_by_rule.items():  # every decode step has its width, chains as long as allowed
+        assert max(map(int, widths)) <= (int(name.rsplit("=", 1)[1]) + 1 if "max" in name else 4)
+    faster = {most: rule.speed_by_rule[f"{chosen},max={most}"] for most in (8, 16)}
+    best = max(faster, key=faster.get)
+    kept = faster[best] > rule.speed_by_rule[chosen]
+    assert rule.max_tokens == (best if kept else None) and rule.served_k == (
+        best if kept else rule.lookup_tokens
+    )
 
 
 def test_recorded_taus_are_not_decoded_again(backbone, monkeypatch):
-    """An older record's fixed-chain taus (same prompts) are reused: only the growing chain is decoded."""
+    """An older record's taus and widths (same prompts) are reused: only the growing chain is decoded."""
     import headstart.eval.tuning.lookup_rule as lookup_rule
 
     built = []
@@ -77,10 +135,11 @@ def test_recorded_taus_are_not_decoded_again(backbone, monkeypatch):
     torch.manual_seed(0)
     heads = build_drafter("medusa", MedusaConfig(num_heads=3), backbone).eval()
     chain, _ = chain_options("medusa", 1, heads)
-    known = {"none": 1.0, "L=1,m=1": 1.2, "L=1,m=2": 1.5, "L=1,m=3": 1.1}
+    taus = {"none": 1.0, "L=1,m=1": 1.2, "L=1,m=2": 1.5, "L=1,m=3": 1.1}
+    known = {"tau_by_rule": taus, "widths_by_rule": dict.fromkeys(taus, {"2": 10})}
     rule = tune_lookup_rule(
         backbone, "medusa", LoadedDrafter(heads, {"method": "medusa"}), chain, 1, [[5, 6, 7, 8] * 4], 8,
-        [1], long_chain=3, known=known,
+        [1], long_chain=3, known=known, cost=dict.fromkeys(range(1, 5), 1.0),
     )  # fmt: skip
     assert built == [chain | {"lookup_tokens": 1, "lookup_min_match": 2, "lookup_max_tokens": 3}]
-    assert {k: rule.tau_by_rule[k] for k in known} == known and (rule.lookup_tokens, rule.min_match) == (1, 2)
+    assert {k: rule.tau_by_rule[k] for k in taus} == taus and (rule.lookup_tokens, rule.min_match) == (1, 2)

@@ -13,12 +13,24 @@ from headstart.eval.engine.proposers.prompt_lookup import find_match as ours
 from headstart.eval.serving import vllm_plugin as plugin
 
 
-def test_the_search_is_headstarts_prompt_lookup():
+def windows_search(context: np.ndarray, max_ngram: int, num_tokens: int) -> tuple[int, list[int]]:
+    """The reference: every n from the longest down, its windows compared with the suffix, the earliest hit
+    with a continuation (HF's `find_candidate_pred_tokens`)."""
+    for n in range(min(max_ngram, len(context) - 1), 0, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(context, n)
+        for start in np.flatnonzero((windows == context[-n:]).all(axis=1)):
+            if start + n < len(context):
+                return n, context[start + n : start + n + num_tokens].tolist()
+    return 0, []
+
+
+def test_the_search_is_the_reference_and_headstarts_prompt_lookup():
     rng = np.random.default_rng(0)
-    for _ in range(300):
-        context = rng.integers(0, 4, size=int(rng.integers(1, 40)))  # a small alphabet: many repeats
-        for max_ngram, k in ((3, 4), (2, 1), (1, 3)):
-            assert plugin.find_match(context, max_ngram, k) == ours(torch.tensor(context), max_ngram, k)
+    for _ in range(600):  # a small alphabet: many repeats, long matches
+        context = rng.integers(0, int(rng.integers(1, 5)), size=int(rng.integers(1, 60)))
+        for max_ngram, k in ((3, 4), (2, 1), (1, 3), (8, 8), (16, 16)):
+            found = plugin.find_match(context, max_ngram, k)
+            assert found == windows_search(context, max_ngram, k) == ours(torch.tensor(context), max_ngram, k)
     for n in range(10):
         for base in (None, 1, 3, 8):
             assert plugin.chain_length(n, base, 8) == chain_length(n, base, 8)

@@ -11,6 +11,7 @@ import torch
 
 from headstart.eval.engine.proposers.base import Draft, ProposerConfig, Sampling, check_positive
 from headstart.eval.engine.tree import chain_tree
+from headstart.eval.serving.vllm_plugin import find_match as plugin_search
 
 DRAFT_TOKENS, MAX_NGRAM = 4, 3
 
@@ -18,16 +19,9 @@ DRAFT_TOKENS, MAX_NGRAM = 4, 3
 def find_match(context: torch.Tensor, max_ngram: int, num_tokens: int) -> tuple[int, list[int]]:
     """context (T,) long on CPU -> (n, tokens): up to `num_tokens` tokens that followed the earliest earlier
     occurrence of the longest matching suffix n-gram (HF's `find_candidate_pred_tokens`), and that n;
-    (0, []) when none matches."""
-    length = context.shape[0]
-    for n in range(min(max_ngram, length - 1), 0, -1):
-        windows = context.unfold(0, n, 1)  # (T-n+1, n)
-        hits = (windows == context[-n:]).all(dim=1).nonzero().flatten().tolist()
-        for start in hits:
-            begin, end = start + n, min(start + n + num_tokens, length)
-            if begin < end:  # the suffix itself (begin == length) proposes nothing
-                return n, context[begin:end].tolist()
-    return 0, []
+    (0, []) when none matches. The vLLM plugin's search (one source for both engines; it imports nothing of
+    headstart's, so it lives there)."""
+    return plugin_search(context.numpy(), max_ngram, num_tokens)
 
 
 def chain_length(n: int, base: int | None, most: int) -> int:
