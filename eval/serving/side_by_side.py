@@ -128,10 +128,12 @@ def interleave(
 ) -> dict[str, dict]:
     """Warm every runner up, then run prompt i on each runner in turn, starting from runner i mod n, each
     run after the previous runner's `settle_s`. -> {name: {"outputs": [...], "per_prompt": [(tokens,
-    seconds), ...]}} in prompt order. `progress(i, n)` is called after each prompt."""
+    seconds), ...]}} in prompt order. `progress(i, n)` is called after each prompt. The warm-up prompt is the
+    first one's first half, not a scored prompt: an engine that remembers past replies (suffix decoding's
+    global tree) would otherwise draft the scored reply's start from its own warm-up."""
     names = list(runners)
     for r in runners.values():
-        r.warm_up(prompts[0])
+        r.warm_up(prompts[0][: max(1, len(prompts[0]) // 2)])
     out = {n: {"outputs": [], "per_prompt": []} for n in names}
     settle = max(getattr(r, "settle_s", 0.0) for r in runners.values())  # after the warm-ups
     for i, p in enumerate(prompts):

@@ -70,6 +70,7 @@ class Recorder:
 
     def warm_up(self, prompt):
         self.log.append(("warm", self.name))
+        self.warmed_on = prompt
 
     def run(self, prompt, max_new):
         self.log.append((self.name, prompt[0]))
@@ -87,6 +88,14 @@ def test_every_prompt_runs_on_every_runner_in_a_rotating_order():
     assert [p for _, p in log[3:]] == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3  # one prompt at a time
     assert out["b"]["per_prompt"] == [(4, 2.0)] * 4 and out["c"]["outputs"][0] == [1] * 4
     assert done == [(1, 4), (2, 4), (3, 4), (4, 4)]
+
+
+def test_the_warm_up_is_no_scored_prompt():
+    """Suffix decoding caches every reply it gave: a warm-up on a scored prompt would draft that prompt's reply."""
+    runners = {n: Recorder(n, []) for n in "ab"}
+    prompts = [[7, 8, 9, 10], [1, 2]]
+    il.interleave(runners, prompts, 2)
+    assert all(r.warmed_on == [7, 8] and r.warmed_on not in prompts for r in runners.values())
 
 
 def test_a_run_waits_for_the_previous_engine_to_settle(monkeypatch):
