@@ -86,7 +86,7 @@ vllm_setup() {
 }
 
 # headstart's vLLM plugin (eval/serving/vllm_plugin.py: a drafter served with a prompt-lookup branch), registered
-# through its entry point: headstart installed in the vLLM venv without dependencies (it imports only vLLM there)
+# through its entry point: headstart installed in the vLLM venv without dependencies (it imports only vLLM and numpy there)
 vllm_plugin() {
   "$VLLM_VENV/bin/python" -I -c "import importlib.metadata as m, sys; sys.exit(not any(e.name == 'headstart_lookup' for e in m.entry_points(group='vllm.general_plugins')))" 2>/dev/null && return
   echo "[launch] installing headstart's vLLM plugin into $VLLM_VENV" >&2

@@ -14,7 +14,7 @@ predict the server's. vLLM's own rejection sampler verifies whatever is proposed
 lossless as any speculative decoding, greedy or sampled (both drafts are point masses).
 
 Serve it (the plugin loads through vLLM's `vllm.general_plugins` entry point once headstart is installed in vLLM's
-environment; `pip install --no-deps headstart` is enough, it imports nothing but vLLM):
+environment; `pip install --no-deps headstart` is enough, it imports nothing but vLLM and numpy):
 
     vllm serve BACKBONE --speculative-config '{"method": "eagle3", "model": DRAFTER, "num_speculative_tokens": 4}' \
         --additional-config '{"headstart_lookup": {"min_match": 2, "drafter_tokens": 2}}' --no-async-scheduling
@@ -44,32 +44,12 @@ import logging
 import numpy as np
 import torch
 
+from headstart.eval.engine.ngram import find_match
+
 SUPPORTED_VLLM = "0.32."
 CONFIG_KEY = "headstart_lookup"
 MAX_NGRAM = 3
 log = logging.getLogger("vllm.headstart_lookup")  # a child of vLLM's logger: its handlers print it
-
-
-def find_match(context: np.ndarray, max_ngram: int, num_tokens: int) -> tuple[int, list[int]]:
-    """context (T,) ints -> (n, tokens): up to `num_tokens` tokens that followed the earliest earlier occurrence
-    of the longest matching suffix n-gram, and n; (0, []) when none matches. headstart's prompt lookup runs it
-    too (eval/engine/proposers/prompt_lookup.py), so both engines search alike. One pass: the
-    earlier positions holding the last token, narrowed one token further back at a time while any still match,
-    so n-grams of 16 cost what n-grams of 3 do (700 tokens: 2.5 us either way; a window comparison per n took
-    85 and 540 us, a few percent of a SmolLM2 step at 16)."""
-    most = min(max_ngram, len(context) - 1)
-    ends = np.flatnonzero(context[:-1] == context[-1]) if most >= 1 else np.empty(0, dtype=np.int64)
-    if not len(ends):
-        return 0, []
-    n = 1
-    while n < most:
-        ok = ends >= n
-        ok[ok] = context[ends[ok] - n] == context[-1 - n]
-        if not ok.any():
-            break
-        ends, n = ends[ok], n + 1
-    begin = int(ends[0]) + 1
-    return n, context[begin : begin + num_tokens].tolist()
 
 
 def chain_length(n: int, base: int | None, most: int) -> int:

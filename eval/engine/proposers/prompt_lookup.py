@@ -9,9 +9,9 @@ from typing import ClassVar
 
 import torch
 
+from headstart.eval.engine.ngram import find_match as search
 from headstart.eval.engine.proposers.base import Draft, ProposerConfig, Sampling, check_positive
 from headstart.eval.engine.tree import chain_tree
-from headstart.eval.serving.vllm_plugin import find_match as plugin_search
 
 DRAFT_TOKENS, MAX_NGRAM = 4, 3
 
@@ -19,9 +19,8 @@ DRAFT_TOKENS, MAX_NGRAM = 4, 3
 def find_match(context: torch.Tensor, max_ngram: int, num_tokens: int) -> tuple[int, list[int]]:
     """context (T,) long on CPU -> (n, tokens): up to `num_tokens` tokens that followed the earliest earlier
     occurrence of the longest matching suffix n-gram (HF's `find_candidate_pred_tokens`), and that n;
-    (0, []) when none matches. The vLLM plugin's search (one source for both engines; it imports nothing of
-    headstart's, so it lives there)."""
-    return plugin_search(context.numpy(), max_ngram, num_tokens)
+    (0, []) when none matches (eval/engine/ngram.py, the vLLM plugin's search too)."""
+    return search(context.numpy(), max_ngram, num_tokens)
 
 
 def chain_length(n: int, base: int | None, most: int) -> int:
