@@ -227,14 +227,18 @@ def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new) -> dict 
     and written there -> {"min_match", "k", "lookup_tokens", "max_tokens"}, or None: the drafter alone was best,
     so there is no hybrid to serve."""
     from headstart.eval.stage.prompts import chat_ids
-    from headstart.eval.tuning.lookup_rule import DRAFT_TOKENS, LONG_CHAIN, lookup_lengths, tune_lookup_rule
+    from headstart.eval.tuning.lookup_rule import LONG_CHAIN, lookup_lengths, tune_lookup_rule
     from headstart.models.decoding import read_decoding, served_rule, write_decoding
     from headstart.vllm_runner import on_gpu
 
     # the greedy record for the device vLLM serves from here (the rule is kept in it, replacing only it)
     record = read_decoding(drafter_dir, greedy=True, device="cuda" if on_gpu() else "cpu") or {}
     rule = record.get("lookup_rule")
-    if not rule or rule.get("k") != k or "speed_by_rule" not in rule:  # older records: priced by tau alone
+    # older records: priced by tau alone, or a hybrid never tried growing (Medusa's were capped at their heads)
+    grown = rule and (
+        rule.get("min_match") is None or any(",max=" in name for name in rule.get("tau_by_rule", {}))
+    )
+    if not rule or rule.get("k") != k or "speed_by_rule" not in rule or not grown:
         if not questions:
             raise ValueError(
                 "no prompts to tune the lookup rule on. Fix: --hybrid M, or more prompts in --prompts"
@@ -243,15 +247,12 @@ def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new) -> dict 
 
         proposer = registry.proposer_of(loaded.meta["method"])
         chain, _ = chain_options(proposer, k, loaded.drafter)
-        _, reachable = chain_options(proposer, DRAFT_TOKENS, loaded.drafter)
-        # vLLM builds num_speculative_tokens Medusa heads: a chain grows no longer than the heads shipped
-        _, longest = chain_options(proposer, LONG_CHAIN, loaded.drafter)
         ids = [chat_ids(backbone.tokenizer, [{"role": "user", "content": q}]) for q in questions]
         # an older record of these prompts keeps each rule's tau and widths: only what is new is decoded
         asked = {"k": k, "prompts": len(ids), "max_new_tokens": max_new}
         same = rule and all(rule.get(key) == value for key, value in asked.items())
         tuned = tune_lookup_rule(
-            backbone, proposer, loaded, chain, k, ids, max_new, lookup_lengths(k, reachable), longest,
+            backbone, proposer, loaded, chain, k, ids, max_new, lookup_lengths(k), LONG_CHAIN,
             known=rule if same else None,
         )  # fmt: skip
         rule = tuned.to_json()

@@ -48,6 +48,7 @@ from headstart.eval.engine.ngram import find_match
 
 SUPPORTED_VLLM = "0.32."
 CONFIG_KEY = "headstart_lookup"
+SHIPPED_HEADS = "_headstart_shipped_heads"  # on a MedusaConfig: the checkpoint's num_heads before vLLM's K
 MAX_NGRAM = 3
 log = logging.getLogger("vllm.headstart_lookup")  # a child of vLLM's logger: its handlers print it
 
@@ -143,6 +144,13 @@ def _check_engine(vllm_config, version: str) -> dict | None:
             f"{CONFIG_KEY}.lookup_tokens={cfg['lookup_tokens']} exceeds num_speculative_tokens="
             f"{spec.num_speculative_tokens} (the longest lookup chain). Fix: lookup_tokens <= num_speculative_tokens"
         )
+    shipped = medusa_heads_shipped(spec)
+    if shipped is not None and (cfg["drafter_tokens"] or spec.num_speculative_tokens) > shipped:
+        raise RuntimeError(
+            f"{CONFIG_KEY}: the Medusa drafter ships {shipped} heads and would draft "
+            f"{cfg['drafter_tokens'] or spec.num_speculative_tokens}. Fix: drafter_tokens <= {shipped} (the lookup "
+            "chain may be longer than the heads)"
+        )
     if getattr(spec, "draft_sample_method", "greedy") != "greedy":
         raise RuntimeError(
             f"{CONFIG_KEY} needs point-mass drafts (draft_sample_method={spec.draft_sample_method!r} verifies the "
@@ -154,6 +162,15 @@ def _check_engine(vllm_config, version: str) -> dict | None:
             "Fix: --no-async-scheduling"
         )
     return cfg
+
+
+def medusa_heads_shipped(spec) -> int | None:
+    """The heads a Medusa drafter's checkpoint ships (vLLM sets its config's num_heads to num_speculative_tokens;
+    `register` keeps the checkpoint's count beside it), None for another drafter."""
+    config = getattr(getattr(spec, "draft_model_config", None), "hf_config", None)
+    if getattr(config, "model_type", None) != "medusa":
+        return None
+    return config.__dict__.get(SHIPPED_HEADS, config.num_heads)
 
 
 def _apply(runner, drafts) -> None:
@@ -220,6 +237,8 @@ def _sampled_rows(runner, sampled: torch.Tensor) -> list[list[int]]:
 def register() -> None:
     """vLLM's general-plugin hook: runs in every vLLM process; patches the model runner once."""
     import vllm
+    from vllm.model_executor.models.medusa import Medusa
+    from vllm.transformers_utils.configs.medusa import MedusaConfig
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
     from vllm.v1.spec_decode.medusa import MedusaProposer
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -229,6 +248,24 @@ def register() -> None:
     init, take = GPUModelRunner.__init__, GPUModelRunner.take_draft_token_ids
     propose, medusa_propose = GPUModelRunner.propose_draft_token_ids, MedusaProposer.propose
     base_propose = SpecDecodeBaseProposer.propose
+    lookahead, medusa_init = MedusaConfig.num_lookahead_tokens, Medusa.__init__
+
+    # vLLM builds num_speculative_tokens Medusa heads; with the hybrid the lookup chain may be longer than the
+    # heads the checkpoint ships, so their count is kept when K is set, and the model built with only those
+    def set_lookahead(self, tokens: int) -> None:
+        self.__dict__.setdefault(SHIPPED_HEADS, self.num_heads)
+        lookahead.fset(self, tokens)
+
+    def medusa_shipped_heads(self, *, vllm_config, prefix: str = "") -> None:
+        config = vllm_config.speculative_config.draft_model_config.hf_config
+        shipped = config.__dict__.get(SHIPPED_HEADS, config.num_heads)
+        if settings(vllm_config.additional_config) is None or shipped >= config.num_heads:
+            return medusa_init(self, vllm_config=vllm_config, prefix=prefix)
+        served, config.num_heads = config.num_heads, shipped
+        try:
+            medusa_init(self, vllm_config=vllm_config, prefix=prefix)
+        finally:
+            config.num_heads = served
 
     def __init__(self, vllm_config, *args, **kwargs):
         init(self, vllm_config, *args, **kwargs)
@@ -292,5 +329,7 @@ def register() -> None:
     GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
     GPUModelRunner.take_draft_token_ids = take_draft_token_ids
     MedusaProposer.propose = medusa_heads
+    MedusaConfig.num_lookahead_tokens = lookahead.setter(set_lookahead)
+    Medusa.__init__ = medusa_shipped_heads
     SpecDecodeBaseProposer.propose = fewer_passes
     GPUModelRunner._headstart_patched = True

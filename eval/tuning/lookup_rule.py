@@ -5,7 +5,7 @@ The hybrid (eval/engine/proposers/lookup_choice.py in headstart's decoder, eval/
 verifies each step either the drafter's chain of k or the L tokens that followed the longest suffix n-gram seen
 earlier, the latter when that n-gram has at least m tokens. A longer lookup chain only adds tokens behind the
 same match (its accepted prefix is never shorter), and the lookup chain of vLLM's `ngram` is DRAFT_TOKENS long, so
-L is searched from k up to that (capped by what the drafter can serve: a Medusa export ships max(k, L) heads).
+L is searched from k up to that (the plugin serves a lookup chain longer than a Medusa drafter's heads).
 
 Each rule decodes the tuning prompts greedily once; its tau and the verify width of every step it took are kept,
 and it is priced with this machine's verify cost by width (`verify_costs`: one target forward of w chained tokens
@@ -60,9 +60,9 @@ class LookupRule:
         return max(self.k, self.lookup_tokens, self.max_tokens or 0)
 
 
-def lookup_lengths(k: int, reachable: int) -> list[int]:
-    """The lookup chain lengths to try: k up to ngram's DRAFT_TOKENS, no longer than the drafter can serve."""
-    return list(range(k, max(k, min(DRAFT_TOKENS, reachable)) + 1))
+def lookup_lengths(k: int) -> list[int]:
+    """The lookup chain lengths to try: k up to ngram's DRAFT_TOKENS."""
+    return list(range(k, max(k, DRAFT_TOKENS) + 1))
 
 
 def growth(L: int, longest: int | None) -> list[int]:

@@ -26,15 +26,14 @@ def test_the_fastest_rule_wins_and_near_ties_go_to_the_narrower_rule():
 
 
 def test_lookup_lengths_run_from_the_drafters_chain_to_ngrams():
-    assert lookup_lengths(2, reachable=16) == [2, 3, 4]
-    assert lookup_lengths(2, reachable=3) == [2, 3]  # a Medusa export cannot serve more heads than it has
-    assert lookup_lengths(5, reachable=16) == [5]  # never shorter than the drafter's chain
+    assert lookup_lengths(2) == [2, 3, 4]
+    assert lookup_lengths(5) == [5]  # never shorter than the drafter's chain
 
 
 def test_growing_chains_are_tried_up_to_what_the_drafter_serves():
     assert growth(3, 16) == [8, 16]
     assert growth(1, 3) == [3] and growth(4, 12) == [8, 12]
-    assert growth(4, 4) == [] and growth(2, None) == []  # a Medusa export of 4 heads cannot grow past them
+    assert growth(4, 4) == [] and growth(2, None) == []  # nothing past the longest chain allowed
 
 
 def test_steps_by_width_and_their_price_worked_by_hand():
@@ -94,7 +93,7 @@ def test_tuning_decodes_every_rule_and_records_the_choice(backbone):
     loaded = LoadedDrafter(heads, {"method": "medusa"})
     chain, _ = chain_options("medusa", 1, heads)
     prompt = [5, 6, 7, 8, 9, 10] * 4
-    rule = tune_lookup_rule(backbone, "medusa", loaded, chain, 1, [prompt], 12, lookup_lengths(1, 3))
+    rule = tune_lookup_rule(backbone, "medusa", loaded, chain, 1, [prompt], 12, [1, 2, 3])
     chosen = f"L={rule.lookup_tokens},m={rule.min_match}"
     grown = {f"{chosen},max={most}" for most in (8, 16)}  # the chosen rule, tried growing with its match
     fixed = {f"L={L},m={m}" for L in (1, 2, 3) for m in (1, 2, 3)}

@@ -77,24 +77,28 @@ def test_family_heads_serve_in_vllm_as_in_headstart(tmp_path, family):
 
 
 @pytest.mark.parametrize(
-    "rule",
+    "method, rule",
     [
-        {"min_match": 1, "k": 1, "lookup_tokens": 3},
-        {"min_match": 1, "k": 1, "lookup_tokens": 2, "max_tokens": 8},
+        ("eagle3", {"min_match": 1, "k": 1, "lookup_tokens": 3}),
+        ("eagle3", {"min_match": 1, "k": 1, "lookup_tokens": 2, "max_tokens": 8}),
+        ("medusa", {"min_match": 1, "k": 1, "lookup_tokens": 2, "max_tokens": 8}),
     ],
-    ids=["fixed", "growing"],
+    ids=["eagle3-fixed", "eagle3-growing", "medusa-growing-past-its-heads"],
 )
-def test_an_eagle3_drafter_with_the_lookup_chain_serves_as_in_headstart(tmp_path, rule):
+def test_a_drafter_with_the_lookup_chain_serves_as_in_headstart(tmp_path, method, rule):
     """headstart's plugin with an EAGLE-3 drafter (a KV cache that follows every step; the plugin runs its
-    further passes only as far as the step needs them): vLLM stays lossless (fp32 greedy == its plain greedy)
+    further passes only as far as the step needs them) or Medusa heads (built as the checkpoint ships them, fewer
+    than the 8 tokens a growing lookup chain may verify): vLLM stays lossless (fp32 greedy == its plain greedy)
     and accepts as headstart's decoder running the same rule (a chain of 1 behind a lookup chain of 3, or of 2
     growing with its match up to 8: num_speculative_tokens 8)."""
     from headstart.eval.serving.check import export_layouts, hybrid_spec
 
     # 8 layers: three distinct fused layers (2, 4, 5); vLLM captures each layer once, so the 2-layer model's
     # (1, 1, 1) reach its drafter as one
-    drafter_dir = train_tiny(tmp_path, "llama", "eagle3", SERVABLE | {"num_hidden_layers": 8})
+    drafter_dir = train_tiny(tmp_path, "llama", method, SERVABLE | {"num_hidden_layers": 8})
     meta = read_meta(drafter_dir)
+    if method == "medusa":
+        assert meta["method_config"]["num_heads"] < rule["max_tokens"]
     backbone = load_backbone(BackboneConfig(**{**meta["backbone"], "dtype": "float32"}))
     target = tmp_path / "target"
     backbone.model.save_pretrained(target)
@@ -107,19 +111,19 @@ def test_an_eagle3_drafter_with_the_lookup_chain_serves_as_in_headstart(tmp_path
     )
     with VllmEngine(spec, tmp_path / "plain.log") as engine:
         plain = [o["token_ids"] for o in engine.generate(prompts, NEW)["outputs"]]
-    with VllmEngine(spec | hybrid_spec("eagle3", lay, rule), tmp_path / "hybrid.log") as e:
+    with VllmEngine(spec | hybrid_spec(method, lay, rule), tmp_path / "hybrid.log") as e:
         served = [o["token_ids"] for o in e.generate(prompts, NEW)["outputs"]]
         counters = spec_counters(e.metrics())
     assert "headstart lookup hybrid on" in (tmp_path / "hybrid.log").read_text()
-    assert served == plain, "vLLM with the EAGLE-3 hybrid diverged from its own plain greedy output"
+    assert served == plain, f"vLLM with the {method} hybrid diverged from its own plain greedy output"
 
     loaded = LoadedDrafter(*load_drafter(drafter_dir, backbone, meta), drafter_dir)
-    chain, _ = chain_options("eagle3", rule["k"], loaded.drafter)
-    decoder = build_decoder("eagle3", backbone, loaded, **chain, lookup_tokens=rule["lookup_tokens"],
+    chain, _ = chain_options(method, rule["k"], loaded.drafter)
+    decoder = build_decoder(method, backbone, loaded, **chain, lookup_tokens=rule["lookup_tokens"],
                             lookup_min_match=1, lookup_max_tokens=rule.get("max_tokens"))  # fmt: skip
     tau, _ = greedy_tau(decoder, prompts, NEW)
     # tokens per forward, as headstart's (counters.tau: the tokens each request emitted after its prefill)
     theirs = vllm_tau(counters | {"emitted": sum(max(len(out) - 1, 0) for out in served)})
-    print(f"EAGLE-3 hybrid: tau vLLM {theirs:.3f}, headstart {tau:.3f}")
+    print(f"{method} hybrid: tau vLLM {theirs:.3f}, headstart {tau:.3f}")
     # a lookup searched in a stale context (the row before the step's tokens) cost vLLM 8.5% of tau here
     assert 0.95 <= theirs / tau <= 1.05, (theirs, tau, counters)

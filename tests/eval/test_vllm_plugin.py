@@ -118,6 +118,31 @@ def test_engines_it_cannot_serve_are_refused_at_start():
         plugin._check_engine(engine(extra={"headstart_lookup": {"lookup_tokens": 6}}), "0.32.0")
 
 
+def test_a_medusa_drafter_serves_lookup_chains_longer_than_its_heads_but_drafts_no_more_than_it_ships():
+    """vLLM sets a Medusa config's num_heads to K; the plugin keeps the checkpoint's count beside it (and builds
+    only those heads): its drafter may keep no more drafts than that."""
+    medusa = SimpleNamespace(model_type="medusa", num_heads=8)
+    medusa.__dict__[plugin.SHIPPED_HEADS] = 2  # as `register`'s setter leaves it after vLLM set K = 8
+    spec = SimpleNamespace(num_speculative_tokens=8, draft_model_config=SimpleNamespace(hf_config=medusa))
+    hybrid = engine(extra={"headstart_lookup": {"drafter_tokens": 2, "lookup_tokens": 4}})
+    hybrid.speculative_config = spec
+    assert (
+        plugin.medusa_heads_shipped(spec) == 2
+        and plugin._check_engine(hybrid, "0.32.0")["drafter_tokens"] == 2
+    )
+    hybrid.additional_config = {"headstart_lookup": {"drafter_tokens": 3}}
+    with pytest.raises(RuntimeError, match="ships 2 heads and would draft 3. Fix: drafter_tokens <= 2"):
+        plugin._check_engine(hybrid, "0.32.0")
+    hybrid.additional_config = {"headstart_lookup": {}}  # every one of K = 8 drafts from the heads
+    with pytest.raises(RuntimeError, match="ships 2 heads and would draft 8"):
+        plugin._check_engine(hybrid, "0.32.0")
+    eagle = SimpleNamespace(model_type="eagle", num_heads=0)
+    assert (
+        plugin.medusa_heads_shipped(SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=eagle)))
+        is None
+    )
+
+
 def test_a_steps_drafts_are_rewritten_per_request():
     tokens = np.zeros((3, 16), dtype=np.int32)
     tokens[0, :6] = [4, 5, 6, 7, 4, 5]  # request a: a 2-gram match -> lookup
