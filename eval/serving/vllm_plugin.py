@@ -28,13 +28,14 @@ first pass (the one that reads the step's accepted tokens), and its further pass
 `drafter_tokens` and only when some request needs its drafts: a lookup chain of 4 behind a drafter's chain of 2
 no longer costs 4 drafter passes a step.
 
-Without `headstart_lookup` in the additional config the plugin changes nothing. It patches four methods of vLLM
+Without `headstart_lookup` in the additional config the plugin changes nothing. It patches six methods of vLLM
 (the model runner's `propose_draft_token_ids` and `take_draft_token_ids`, where a step's drafts are made and
 leave for the scheduler; MedusaProposer.propose, to run fewer heads; SpecDecodeBaseProposer.propose, the EAGLE
-and draft-model proposers' loop, to make fewer passes) and is written for the vLLM version in SUPPORTED_VLLM:
-another version, asynchronous scheduling (drafts then bypass those methods), probabilistic drafts (the verifier
-would read the drafter's probabilities for tokens the lookup chose) or no speculative config is refused at
-engine start with one line.
+and draft-model proposers' loop, to make fewer passes; MedusaConfig's num_lookahead_tokens setter and
+Medusa.__init__, to build the heads a checkpoint ships when the lookup chain is longer) and is written for the
+vLLM version in SUPPORTED_VLLM: another version, asynchronous scheduling (drafts then bypass those methods),
+probabilistic drafts (the verifier would read the drafter's probabilities for tokens the lookup chose) or no
+speculative config is refused at engine start with one line.
 """
 
 from __future__ import annotations
@@ -234,29 +235,20 @@ def _sampled_rows(runner, sampled: torch.Tensor) -> list[list[int]]:
     return RejectionSampler.parse_output(sampled, batch.vocab_size, discard)[0]
 
 
-def register() -> None:
-    """vLLM's general-plugin hook: runs in every vLLM process; patches the model runner once."""
-    import vllm
+def _build_shipped_medusa_heads() -> None:
+    """vLLM builds num_speculative_tokens Medusa heads; with the hybrid the lookup chain may be longer than the
+    heads the checkpoint ships, so their count is kept when vLLM sets K, and the model is built with only those
+    (without `headstart_lookup`, as vLLM builds it)."""
     from vllm.model_executor.models.medusa import Medusa
     from vllm.transformers_utils.configs.medusa import MedusaConfig
-    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
-    from vllm.v1.spec_decode.medusa import MedusaProposer
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    if getattr(GPUModelRunner, "_headstart_patched", False):
-        return
-    init, take = GPUModelRunner.__init__, GPUModelRunner.take_draft_token_ids
-    propose, medusa_propose = GPUModelRunner.propose_draft_token_ids, MedusaProposer.propose
-    base_propose = SpecDecodeBaseProposer.propose
     lookahead, medusa_init = MedusaConfig.num_lookahead_tokens, Medusa.__init__
 
-    # vLLM builds num_speculative_tokens Medusa heads; with the hybrid the lookup chain may be longer than the
-    # heads the checkpoint ships, so their count is kept when K is set, and the model built with only those
     def set_lookahead(self, tokens: int) -> None:
         self.__dict__.setdefault(SHIPPED_HEADS, self.num_heads)
         lookahead.fset(self, tokens)
 
-    def medusa_shipped_heads(self, *, vllm_config, prefix: str = "") -> None:
+    def shipped_heads(self, *, vllm_config, prefix: str = "") -> None:
         config = vllm_config.speculative_config.draft_model_config.hf_config
         shipped = config.__dict__.get(SHIPPED_HEADS, config.num_heads)
         if settings(vllm_config.additional_config) is None or shipped >= config.num_heads:
@@ -266,6 +258,23 @@ def register() -> None:
             medusa_init(self, vllm_config=vllm_config, prefix=prefix)
         finally:
             config.num_heads = served
+
+    MedusaConfig.num_lookahead_tokens = lookahead.setter(set_lookahead)
+    Medusa.__init__ = shipped_heads
+
+
+def register() -> None:
+    """vLLM's general-plugin hook: runs in every vLLM process; patches the model runner once."""
+    import vllm
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+    from vllm.v1.spec_decode.medusa import MedusaProposer
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if getattr(GPUModelRunner, "_headstart_patched", False):
+        return
+    init, take = GPUModelRunner.__init__, GPUModelRunner.take_draft_token_ids
+    propose, medusa_propose = GPUModelRunner.propose_draft_token_ids, MedusaProposer.propose
+    base_propose = SpecDecodeBaseProposer.propose
 
     def __init__(self, vllm_config, *args, **kwargs):
         init(self, vllm_config, *args, **kwargs)
@@ -329,7 +338,6 @@ def register() -> None:
     GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
     GPUModelRunner.take_draft_token_ids = take_draft_token_ids
     MedusaProposer.propose = medusa_heads
-    MedusaConfig.num_lookahead_tokens = lookahead.setter(set_lookahead)
-    Medusa.__init__ = medusa_shipped_heads
+    _build_shipped_medusa_heads()
     SpecDecodeBaseProposer.propose = fewer_passes
     GPUModelRunner._headstart_patched = True
