@@ -1,10 +1,12 @@
-"""The n-gram search of prompt lookup, one source for both engines: headstart's decoder
-(eval/engine/proposers/prompt_lookup.py) and headstart's vLLM plugin (eval/serving/vllm_plugin.py), which loads in
-vLLM's environment, so this module imports numpy alone."""
+"""The n-gram search of prompt lookup and the length of the chain behind a match, one source for both engines:
+headstart's decoder (eval/engine/proposers/prompt_lookup.py) and headstart's vLLM plugin
+(eval/serving/vllm_plugin.py), which loads in vLLM's environment, so this module imports numpy alone."""
 
 from __future__ import annotations
 
 import numpy as np
+
+MAX_NGRAM = 3  # the longest suffix n-gram searched by default (vLLM's ngram: prompt_lookup_max)
 
 
 def find_match(context: np.ndarray, max_ngram: int, num_tokens: int) -> tuple[int, list[int]]:
@@ -14,8 +16,8 @@ def find_match(context: np.ndarray, max_ngram: int, num_tokens: int) -> tuple[in
     16 cost what n-grams up to 3 do (700 random tokens: 2.5 us either way, where comparing every window with
     the suffix, n by n, took 85 and 540 us)."""
     most = min(max_ngram, len(context) - 1)
-    ends = np.flatnonzero(context[:-1] == context[-1]) if most >= 1 else np.empty(0, dtype=np.int64)
-    if not len(ends):
+    ends = np.flatnonzero(context[:-1] == context[-1])
+    if most < 1 or not len(ends):
         return 0, []
     n = 1
     while n < most:
@@ -26,3 +28,9 @@ def find_match(context: np.ndarray, max_ngram: int, num_tokens: int) -> tuple[in
         ends, n = ends[ok], n + 1
     begin = int(ends[0]) + 1
     return n, context[begin : begin + num_tokens].tolist()
+
+
+def chain_length(n: int, base: int | None, most: int) -> int:
+    """How many tokens a lookup chain behind a match of n tokens verifies: `most` (K) when `base` is None, else
+    `base`, or n when the match is longer, at most `most` (suffix decoding's rule, its factor 1)."""
+    return most if base is None else min(most, max(base, n))

@@ -234,11 +234,7 @@ def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new) -> dict 
     # the greedy record for the device vLLM serves from here (the rule is kept in it, replacing only it)
     record = read_decoding(drafter_dir, greedy=True, device="cuda" if on_gpu() else "cpu") or {}
     rule = record.get("lookup_rule")
-    # older records: priced by tau alone, or a hybrid never tried growing (Medusa's were capped at their heads)
-    grown = rule and (
-        rule.get("min_match") is None or any(",max=" in name for name in rule.get("tau_by_rule", {}))
-    )
-    if not rule or rule.get("k") != k or "speed_by_rule" not in rule or not grown:
+    if not rule or rule.get("k") != k or "speed_by_rule" not in rule:  # older records: priced by tau alone
         if not questions:
             raise ValueError(
                 "no prompts to tune the lookup rule on. Fix: --hybrid M, or more prompts in --prompts"

@@ -45,20 +45,12 @@ import logging
 import numpy as np
 import torch
 
-from headstart.eval.engine.ngram import find_match
+from headstart.eval.engine.ngram import MAX_NGRAM, chain_length, find_match
 
 SUPPORTED_VLLM = "0.32."
 CONFIG_KEY = "headstart_lookup"
 SHIPPED_HEADS = "_headstart_shipped_heads"  # on a MedusaConfig: the checkpoint's num_heads before vLLM's K
-MAX_NGRAM = 3
 log = logging.getLogger("vllm.headstart_lookup")  # a child of vLLM's logger: its handlers print it
-
-
-def chain_length(n: int, base: int | None, most: int) -> int:
-    """How many tokens a lookup chain behind a match of n tokens verifies: `most` (K) when `base` is None, else
-    `base`, or n when the match is longer, at most `most`. headstart's rule (prompt_lookup.py; tests hold the two
-    equal)."""
-    return most if base is None else min(most, max(base, n))
 
 
 def lookup(
@@ -250,7 +242,7 @@ def _build_shipped_medusa_heads() -> None:
 
     def shipped_heads(self, *, vllm_config, prefix: str = "") -> None:
         config = vllm_config.speculative_config.draft_model_config.hf_config
-        shipped = config.__dict__.get(SHIPPED_HEADS, config.num_heads)
+        shipped = medusa_heads_shipped(vllm_config.speculative_config)
         if settings(vllm_config.additional_config) is None or shipped >= config.num_heads:
             return medusa_init(self, vllm_config=vllm_config, prefix=prefix)
         served, config.num_heads = config.num_heads, shipped

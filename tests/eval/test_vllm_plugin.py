@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from headstart.eval.engine.proposers.prompt_lookup import chain_length
+from headstart.eval.engine.ngram import chain_length
 from headstart.eval.engine.proposers.prompt_lookup import find_match as ours
 from headstart.eval.serving import vllm_plugin as plugin
 

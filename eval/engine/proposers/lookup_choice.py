@@ -10,7 +10,7 @@ n >= min_match, the (up to) `num_tokens` tokens that followed it are verified in
 (vLLM, like its `ngram`, takes fewer drafts than num_speculative_tokens for a request; `num_tokens` may exceed the
 drafter's chain: a longer chain behind the same match only adds tokens). With `max_tokens` the chain is as long as
 the match when that is longer than `num_tokens`, up to `max_tokens`, and n-grams up to `max_tokens` are searched:
-suffix decoding's rule (prompt_lookup.py `chain_length`; the plugin's `lookup_tokens`).
+suffix decoding's rule (eval/engine/ngram.py `chain_length`; the plugin's `lookup_tokens`).
 
 Lossless as any chain: both candidates are deterministic functions of the context (`Draft.probs` None) and the
 target verifies whichever is chosen. `accepted()` passes the path to the drafter unchanged: it indexes positions
@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import torch
 
+from headstart.eval.engine.ngram import chain_length
 from headstart.eval.engine.proposers.base import Draft, Proposer, Sampling
-from headstart.eval.engine.proposers.prompt_lookup import MAX_NGRAM, chain_length, find_match
+from headstart.eval.engine.proposers.prompt_lookup import MAX_NGRAM, find_match
 from headstart.eval.engine.tree import chain_tree
 
 

@@ -9,11 +9,12 @@ from typing import ClassVar
 
 import torch
 
+from headstart.eval.engine.ngram import MAX_NGRAM
 from headstart.eval.engine.ngram import find_match as search
 from headstart.eval.engine.proposers.base import Draft, ProposerConfig, Sampling, check_positive
 from headstart.eval.engine.tree import chain_tree
 
-DRAFT_TOKENS, MAX_NGRAM = 4, 3
+DRAFT_TOKENS = 4
 
 
 def find_match(context: torch.Tensor, max_ngram: int, num_tokens: int) -> tuple[int, list[int]]:
@@ -21,12 +22,6 @@ def find_match(context: torch.Tensor, max_ngram: int, num_tokens: int) -> tuple[
     occurrence of the longest matching suffix n-gram (HF's `find_candidate_pred_tokens`), and that n;
     (0, []) when none matches (eval/engine/ngram.py, the vLLM plugin's search too)."""
     return search(context.numpy(), max_ngram, num_tokens)
-
-
-def chain_length(n: int, base: int | None, most: int) -> int:
-    """How many tokens a lookup chain behind a match of n tokens verifies: `most` when `base` is None, else
-    `base`, or n when the match is longer, at most `most` (suffix decoding's rule, its factor 1)."""
-    return most if base is None else min(most, max(base, n))
 
 
 def find_candidates(context: torch.Tensor, max_ngram: int, num_tokens: int) -> list[int]:
