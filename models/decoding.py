@@ -162,12 +162,23 @@ def read_decoding(path: str | Path, greedy: bool = True, device: str | None = No
 
 def served_rule(record: dict | None, k: int) -> dict | None:
     """A record's hybrid rule (eval/tuning/lookup_rule.py) for a drafter chain of k, completed for serving:
-    {"min_match", "k", "lookup_tokens", "max_tokens"} (max_tokens None: chains of lookup_tokens); None when there
-    is none for k or the drafter alone was best."""
+    {"source": "ngram", "min_match", "k", "lookup_tokens", "max_tokens"} (max_tokens None: chains of
+    lookup_tokens) or {"source": "suffix", "min_score", "k", "lookup_tokens"} (suffix decoding's draft of up to
+    lookup_tokens); None when there is none for k or the drafter alone was best."""
     rule = (record or {}).get("lookup_rule") or {}
-    if rule.get("min_match") is None or rule.get("k") != k:
+    if rule.get("k") != k:
+        return None
+    if rule.get("source") == "suffix":
+        return {
+            "source": "suffix",
+            "min_score": rule["min_score"],
+            "k": k,
+            "lookup_tokens": rule["lookup_tokens"],
+        }
+    if rule.get("min_match") is None:
         return None
     return {
+        "source": "ngram",
         "min_match": rule["min_match"],
         "k": k,
         "lookup_tokens": rule.get("lookup_tokens", k),
@@ -175,14 +186,42 @@ def served_rule(record: dict | None, k: int) -> dict | None:
     }
 
 
+def describe_rule(rule: dict) -> str:
+    """When a served rule verifies the lookup chain instead of the drafter's, in words."""
+    keeps = f"; the drafter keeps its first {rule['k']}" if plugin_serving(rule)[0] > rule["k"] else ""
+    if rule.get("source") == "suffix":
+        return (
+            f"where suffix decoding (the prompt's and earlier replies' suffix trees) drafts up to "
+            f"{rule['lookup_tokens']} tokens scoring at least {rule['min_score']:g}{keeps}"
+        )
+    grows = f", or as long as its match up to {rule['max_tokens']}" if rule.get("max_tokens") else ""
+    return (
+        f"where the context's longest earlier n-gram match has at least {rule['min_match']} tokens (a lookup "
+        f"chain of {rule['lookup_tokens']}{grows}{keeps})"
+    )
+
+
+def lookup_options(rule: dict) -> dict:
+    """headstart's decoder options (eval/engine/decoder.py) that run a served rule, as the plugin does."""
+    if rule.get("source") == "suffix":
+        return {"lookup_tokens": rule["lookup_tokens"], "lookup_min_score": rule["min_score"]}
+    return {
+        "lookup_tokens": rule["lookup_tokens"],
+        "lookup_min_match": rule["min_match"],
+        "lookup_max_tokens": rule.get("max_tokens"),
+    }
+
+
 def plugin_serving(rule: dict) -> tuple[int, dict]:
     """How vLLM serves a rule with headstart's lookup plugin (eval/serving/vllm_plugin.py): its
     num_speculative_tokens (the longest chain) and additional config (the drafter keeps its first k when a
     lookup chain is longer; a chain growing with its match is lookup_tokens long at least, and n-grams are
-    searched as long as it may grow)."""
+    searched as long as it may grow; suffix decoding drafts up to num_speculative_tokens)."""
     most = rule.get("max_tokens")
     served = max(rule["k"], rule["lookup_tokens"], most or 0)
     extra = {"drafter_tokens": rule["k"]} if served > rule["k"] else {}
+    if rule.get("source") == "suffix":
+        return served, {"headstart_lookup": {"source": "suffix", "min_score": rule["min_score"], **extra}}
     if most:
         extra |= {"lookup_tokens": rule["lookup_tokens"], "max_ngram": most}
     return served, {"headstart_lookup": {"min_match": rule["min_match"], **extra}}

@@ -75,7 +75,9 @@ class Decoder:
     tree each step (proposers/lookup_branch.py), verified in the same forward; with `lookup_min_match=m` the
     step verifies EITHER the drafter's draft or the lookup chain, the latter when its n-gram match is at least m
     tokens (proposers/lookup_choice.py: the rule headstart's vLLM plugin serves), and with `lookup_max_tokens` that
-    chain grows with its match, up to that many tokens (suffix decoding's rule).
+    chain grows with its match, up to that many tokens (suffix decoding's rule); with `lookup_min_score=s` instead
+    of a min_match, suffix decoding's own draft of up to lookup_tokens (prompt and earlier replies' suffix trees)
+    whenever it scores at least s (eval/engine/suffix_lookup.py; the plugin's `source: "suffix"`).
     `typical=True` (medusa, temperature > 0) uses Medusa's typical acceptance, which is LOSSY. `cuda_graphs`
     (default: True on CUDA) captures each verify width in a CUDA graph; the first generate() of each width pays
     the capture. `compile` ("eager" | "auto" | "max-autotune", eval/engine/compiled.py) runs the plain and the
@@ -95,6 +97,7 @@ class Decoder:
         lookup_tokens: int = 0,
         lookup_min_match: int | None = None,
         lookup_max_tokens: int | None = None,
+        lookup_min_score: float | None = None,
         compile: str = "eager",
     ) -> None:
         config = proposer_config(proposer) if isinstance(proposer, str) else proposer
@@ -113,10 +116,13 @@ class Decoder:
                 f"lookup_max_tokens={lookup_max_tokens} applies to the lookup chain choice only. "
                 "Fix: set lookup_tokens and lookup_min_match too, or drop lookup_max_tokens"
             )
-        if lookup_min_match is not None and not lookup_tokens:
+        chooser = None  # the setting that makes the step choose between the drafter's chain and the lookup's
+        if lookup_min_match is not None or lookup_min_score is not None:
+            chooser = f"lookup_min_match={lookup_min_match}" if lookup_min_score is None else f"lookup_min_score={lookup_min_score}"  # fmt: skip
+        if chooser is not None and not lookup_tokens:
             raise ValueError(
-                f"lookup_min_match={lookup_min_match} needs lookup_tokens >= 1 (the lookup chain's length). "
-                "Fix: set lookup_tokens, or drop lookup_min_match"
+                f"{chooser} needs lookup_tokens >= 1 (the lookup chain's length). Fix: set lookup_tokens, or drop "
+                f"{chooser.split('=')[0]}"
             )
         self.proposer: Proposer | None = None if config is None else config.make(self)
         if lookup_tokens:
@@ -125,11 +131,16 @@ class Decoder:
                     f"lookup_tokens applies to methods with a draft tree {list(TREE_METHODS)}, not {method!r}. "
                     "Fix: lookup_tokens=0"
                 )
-            if lookup_min_match is None:
+            if chooser is None:
                 self.proposer = LookupBranch(self.proposer, lookup_tokens, self.device)
             else:
                 self.proposer = LookupChoice(
-                    self.proposer, lookup_min_match, lookup_tokens, self.device, max_tokens=lookup_max_tokens
+                    self.proposer,
+                    lookup_min_match,
+                    lookup_tokens,
+                    self.device,
+                    max_tokens=lookup_max_tokens,
+                    min_score=lookup_min_score,
                 )
         self.runner.compile_widths = {1, self.proposer.width if self.proposer else 1}  # the rest: eager
         self.eos_token_ids = eos_token_ids(backbone)
@@ -284,6 +295,7 @@ def build_decoder(
     lookup_tokens: int = 0,
     lookup_min_match: int | None = None,
     lookup_max_tokens: int | None = None,
+    lookup_min_score: float | None = None,
     compile: str = "eager",
     **options,
 ) -> Decoder:
@@ -308,4 +320,5 @@ def build_decoder(
     config = proposer_config(method, **options)
     return Decoder(backbone, config, typical=typical, max_cache_len=max_cache_len, device=device,
                    cuda_graphs=cuda_graphs, lookup_tokens=lookup_tokens, lookup_min_match=lookup_min_match,
-                   lookup_max_tokens=lookup_max_tokens, compile=compile)  # fmt: skip
+                   lookup_max_tokens=lookup_max_tokens, lookup_min_score=lookup_min_score,
+                   compile=compile)  # fmt: skip

@@ -25,6 +25,7 @@ from headstart.eval.serving import counters as vc
 from headstart.eval.serving.side_by_side import OursRunner, VllmRunner, interleave, start_engines
 from headstart.hardware import machine_facts, machine_line
 from headstart.models import registry
+from headstart.models.decoding import describe_rule
 from headstart.vllm_runner import VllmError, eager, served_model, serving_dtype
 
 MIN_POS1_RATIO = 0.9  # vLLM's position-1 acceptance must reach this fraction of ours ...
@@ -195,8 +196,8 @@ def to_markdown(report: dict) -> str:
 def hybrid_markdown(h: dict, prompts: int) -> list[str]:
     head = [
         "",
-        f"## Drafter + prompt lookup (headstart's vLLM plugin, min_match={h['min_match']}, drafter's chain "
-        f"K={h['k']}, lookup chain L={h.get('lookup_tokens', h['k'])})",
+        f"## Drafter + lookup (headstart's vLLM plugin, drafter's chain K={h['k']}): the lookup chain "
+        f"{describe_rule(h)}",
         "",
     ]
     if not h["loaded"]:
@@ -224,17 +225,17 @@ def write_report(report: dict, out: Path) -> None:
 
 def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new) -> dict | None:
     """decoding.json's lookup rule for a chain of k, else one tuned on `questions` (never the scored prompts)
-    and written there -> {"min_match", "k", "lookup_tokens", "max_tokens"}, or None: the drafter alone was best,
-    so there is no hybrid to serve."""
+    and written there -> models/decoding.py `served_rule`, or None: the drafter alone was best, so there is no
+    hybrid to serve."""
     from headstart.eval.stage.prompts import chat_ids
-    from headstart.eval.tuning.lookup_rule import LONG_CHAIN, lookup_lengths, tune_lookup_rule
+    from headstart.eval.tuning.lookup_rule import LONG_CHAIN, lookup_lengths, tune_lookup_rule, untried_suffix
     from headstart.models.decoding import read_decoding, served_rule, write_decoding
     from headstart.vllm_runner import on_gpu
 
     # the greedy record for the device vLLM serves from here (the rule is kept in it, replacing only it)
     record = read_decoding(drafter_dir, greedy=True, device="cuda" if on_gpu() else "cpu") or {}
     rule = record.get("lookup_rule")
-    if not rule or rule.get("k") != k or "speed_by_rule" not in rule:  # older records: priced by tau alone
+    if not rule or rule.get("k") != k or "speed_by_rule" not in rule or untried_suffix(rule):
         if not questions:
             raise ValueError(
                 "no prompts to tune the lookup rule on. Fix: --hybrid M, or more prompts in --prompts"
@@ -262,7 +263,7 @@ def hybrid_rule(hybrid, drafter_dir, backbone, loaded, k: int, questions, max_ne
     min_match = `hybrid` given by hand with the lookup chain as long as the drafter's."""
     if hybrid == 0:
         return recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new)
-    return None if hybrid is None else {"min_match": hybrid, "k": k, "lookup_tokens": k}
+    return None if hybrid is None else {"source": "ngram", "min_match": hybrid, "k": k, "lookup_tokens": k}
 
 
 def hybrid_spec(method: str, lay, rule: dict) -> dict:
@@ -296,16 +297,16 @@ def hybrid_summary(runs: dict, errors: dict, rule: dict) -> dict:
 def add_hybrid(specs, ours, layouts, backbone, loaded, rule: dict) -> None:
     """The hybrid's two engines: vLLM serving the first required layout with headstart's plugin (drafting
     max(k, L), the drafter keeping its first k), and headstart's decoder drafting the same chain of k with the
-    same rule (lookup_tokens L, lookup_min_match m, lookup_max_tokens)."""
+    same rule (models/decoding.py `lookup_options`)."""
     from headstart.eval.engine.decoder import build_decoder
     from headstart.eval.engine.proposers import chain_options
+    from headstart.models.decoding import lookup_options
 
     proposer = registry.proposer_of(loaded.meta["method"])
     options, _ = chain_options(proposer, rule["k"], loaded.drafter)
     lay = next(lay for lay in layouts if lay.required)
     specs["vllm:hybrid"] = hybrid_spec(loaded.meta["method"], lay, rule)
-    decoder = build_decoder(proposer, backbone, loaded, **options, lookup_tokens=rule["lookup_tokens"],
-                            lookup_min_match=rule["min_match"], lookup_max_tokens=rule.get("max_tokens"))  # fmt: skip
+    decoder = build_decoder(proposer, backbone, loaded, **options, **lookup_options(rule))
     ours["ours:hybrid"] = OursRunner(decoder, set(decoder.eos_token_ids))
 
 

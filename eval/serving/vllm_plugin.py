@@ -9,15 +9,23 @@ the lookup chain's length. With `lookup_tokens: L` (< K) the chain is L tokens, 
 when that is more, up to K: suffix decoding's rule (Arctic Inference drafts up to its match length times a factor,
 1 by default), so a context that is being copied (code under edit, a quoted document) is verified in long chains
 and a short, uncertain match in short ones; `max_ngram` should then be K, so that the match can grow that long.
-This is the rule of eval/engine/proposers/lookup_choice.py, which headstart's eval stage runs, so its figures
-predict the server's. vLLM's own rejection sampler verifies whatever is proposed:
-lossless as any speculative decoding, greedy or sampled (both drafts are point masses).
+With `source: "suffix"` the lookup is suffix decoding's own (Arctic Inference's suffix trees of the request's prompt
+and of every earlier reply, eval/engine/suffix_lookup.py; sized by vLLM's suffix_decoding_* options): its draft of
+up to K tokens replaces the drafter's where its score (the tokens it expects accepted) is at least `min_score`,
+Arctic Inference's own rule beside its trained speculator. This is the rule of
+eval/engine/proposers/lookup_choice.py, which headstart's eval stage runs, so its figures predict the server's.
+vLLM's own rejection sampler verifies whatever is proposed: lossless as any speculative decoding, greedy or sampled
+(both drafts are point masses).
 
 Serve it (the plugin loads through vLLM's `vllm.general_plugins` entry point once headstart is installed in vLLM's
-environment; `pip install --no-deps headstart` is enough, it imports nothing but vLLM and numpy):
+environment; `pip install --no-deps headstart` is enough, it imports nothing but vLLM and numpy, and for
+`source: "suffix"` Arctic Inference's suffix tree, as vLLM's `suffix` method does):
 
     vllm serve BACKBONE --speculative-config '{"method": "eagle3", "model": DRAFTER, "num_speculative_tokens": 4}' \
         --additional-config '{"headstart_lookup": {"min_match": 2, "drafter_tokens": 2}}' --no-async-scheduling
+
+or, with Arctic Inference installed, `{"headstart_lookup": {"source": "suffix", "min_score": 1, "drafter_tokens": 2}}`
+and num_speculative_tokens 16: suffix decoding's drafts of up to 16 tokens where they score 1 or more.
 
 The lookup comes first, per request, and the drafter runs only as far as the step needs it. A Medusa drafter is
 stateless: its heads run only when some request of the step has no match long enough, and then only the first
@@ -72,35 +80,46 @@ def choose(
 ) -> tuple[bool, list[int]]:
     """-> (lookup chosen, the tokens to verify): `lookup`'s chain of up to K = len(drafted), else the drafter's
     first `drafter_tokens` (all: None)."""
-    chain = lookup(context, len(drafted), min_match, max_ngram, lookup_tokens)
+    return fallback(
+        lookup(context, len(drafted), min_match, max_ngram, lookup_tokens), drafted, drafter_tokens
+    )
+
+
+def fallback(
+    chain: list[int] | None, drafted: list[int], drafter_tokens: int | None
+) -> tuple[bool, list[int]]:
+    """-> (lookup chosen, the tokens to verify): the lookup chain when there is one, else the drafter's first
+    `drafter_tokens` (all: None)."""
     if chain is not None:
         return True, chain
     return False, drafted if drafter_tokens is None else drafted[:drafter_tokens]
 
 
 def settings(additional_config) -> dict | None:
-    """{"min_match": m, "max_ngram": n, "drafter_tokens": d or None, "lookup_tokens": L or None} from vLLM's
-    additional config (d: the drafter's drafts kept, 0 for none; None: all K; L: the lookup chain's length before
-    its match makes it longer, None: always K), or None when the hybrid is not asked for."""
+    """{"source": "ngram", "min_match": m, "max_ngram": n, "drafter_tokens": d or None, "lookup_tokens": L or None}
+    from vLLM's additional config (d: the drafter's drafts kept, 0 for none; None: all K; L: the lookup chain's
+    length before its match makes it longer, None: always K), or {"source": "suffix", "min_score": s,
+    "drafter_tokens": d} (suffix decoding's draft of up to K when it scores at least s), or None when the hybrid is
+    not asked for."""
     if not isinstance(additional_config, dict) or CONFIG_KEY not in additional_config:
         return None
     raw = dict(additional_config[CONFIG_KEY] or {})
+    source = raw.pop("source", "ngram")
+    if source == "suffix":
+        return _suffix_settings(raw)
+    if source != "ngram":
+        raise ValueError(f"{CONFIG_KEY}.source={source!r}: unknown. Fix: 'ngram' (the default) or 'suffix'")
     unknown = set(raw) - {"min_match", "max_ngram", "drafter_tokens", "lookup_tokens"}
     if unknown:
         raise ValueError(
             f"{CONFIG_KEY}: unknown keys {sorted(unknown)}. "
-            "Fix: only min_match, max_ngram, drafter_tokens and lookup_tokens"
+            "Fix: only source, min_match, max_ngram, drafter_tokens and lookup_tokens ('suffix': min_score)"
         )
     max_ngram = int(raw.get("max_ngram", MAX_NGRAM))
     min_match = int(raw.get("min_match", 1))
     if not 1 <= min_match <= max_ngram:
         raise ValueError(f"{CONFIG_KEY}.min_match={min_match}: must be in 1..max_ngram ({max_ngram})")
-    drafter_tokens = raw.get("drafter_tokens")
-    if drafter_tokens is not None and int(drafter_tokens) < 0:
-        raise ValueError(
-            f"{CONFIG_KEY}.drafter_tokens={drafter_tokens}: must be >= 0 (0: lookup only). "
-            "Fix: leave it out to keep all K drafts"
-        )
+    drafter_tokens = _drafter_tokens(raw)
     lookup_tokens = raw.get("lookup_tokens")
     if lookup_tokens is not None and int(lookup_tokens) < 1:
         raise ValueError(
@@ -108,11 +127,40 @@ def settings(additional_config) -> dict | None:
             "Fix: leave it out for lookup chains of num_speculative_tokens"
         )
     return {
+        "source": "ngram",
         "min_match": min_match,
         "max_ngram": max_ngram,
-        "drafter_tokens": None if drafter_tokens is None else int(drafter_tokens),
+        "drafter_tokens": drafter_tokens,
         "lookup_tokens": None if lookup_tokens is None else int(lookup_tokens),
     }
+
+
+def _suffix_settings(raw: dict) -> dict:
+    unknown = set(raw) - {"min_score", "drafter_tokens"}
+    if unknown:
+        raise ValueError(
+            f"{CONFIG_KEY}: {sorted(unknown)} do not apply to source 'suffix' (suffix decoding sizes its own "
+            "drafts: vLLM's suffix_decoding_* options). Fix: only min_score and drafter_tokens"
+        )
+    min_score = float(raw.get("min_score", 1.0))
+    if min_score < 0:
+        raise ValueError(f"{CONFIG_KEY}.min_score={min_score}: must be >= 0 (0: any suffix draft)")
+    return {
+        "source": "suffix",
+        "min_score": min_score,
+        "drafter_tokens": _drafter_tokens(raw),
+        "lookup_tokens": None,
+    }
+
+
+def _drafter_tokens(raw: dict) -> int | None:
+    drafter_tokens = raw.get("drafter_tokens")
+    if drafter_tokens is not None and int(drafter_tokens) < 0:
+        raise ValueError(
+            f"{CONFIG_KEY}.drafter_tokens={drafter_tokens}: must be >= 0 (0: lookup only). "
+            "Fix: leave it out to keep all K drafts"
+        )
+    return None if drafter_tokens is None else int(drafter_tokens)
 
 
 def _check_engine(vllm_config, version: str) -> dict | None:
@@ -157,6 +205,21 @@ def _check_engine(vllm_config, version: str) -> dict | None:
     return cfg
 
 
+def _suffix_trees(vllm_config, cfg: dict | None):
+    """The engine's suffix trees for source 'suffix' (sized by vLLM's own suffix_decoding_* options), else None."""
+    if not cfg or cfg["source"] != "suffix":
+        return None
+    from headstart.eval.engine.suffix_lookup import SuffixLookup
+
+    spec = vllm_config.speculative_config
+    return SuffixLookup(
+        spec.suffix_decoding_max_tree_depth,
+        spec.suffix_decoding_max_cached_requests,
+        spec.suffix_decoding_max_spec_factor,
+        spec.suffix_decoding_min_token_prob,
+    )
+
+
 def medusa_heads_shipped(spec) -> int | None:
     """The heads a Medusa drafter's checkpoint ships (vLLM sets its config's num_heads to num_speculative_tokens;
     `register` keeps the checkpoint's count beside it), None for another drafter."""
@@ -164,6 +227,23 @@ def medusa_heads_shipped(spec) -> int | None:
     if getattr(config, "model_type", None) != "medusa":
         return None
     return config.__dict__.get(SHIPPED_HEADS, config.num_heads)
+
+
+def _row_chain(runner, row: int, context: np.ndarray, k: int) -> list[int] | None:
+    """A batch row's lookup chain of up to k tokens when it qualifies, else None: the n-gram search (`lookup`),
+    or suffix decoding's draft scoring at least min_score (its trees follow the row's request)."""
+    cfg, batch = runner._headstart_lookup, runner.input_batch
+    if cfg["source"] == "suffix":
+        prompt_len = int(batch.num_prompt_tokens[row])
+        score, chain = runner._headstart_suffix.draft(batch.req_ids[row], prompt_len, context, k)
+        return chain if chain and score >= cfg["min_score"] else None
+    return lookup(context, k, cfg["min_match"], cfg["max_ngram"], cfg["lookup_tokens"])
+
+
+def _finish(runner) -> None:
+    """Stop the suffix trees of requests that left the batch (their replies stay in the global tree)."""
+    if runner._headstart_suffix is not None:
+        runner._headstart_suffix.finish(runner.input_batch.req_ids)
 
 
 def _apply(runner, drafts) -> None:
@@ -174,16 +254,11 @@ def _apply(runner, drafts) -> None:
         if row is None or not drafts.draft_token_ids[i]:
             continue
         context = batch.token_ids_cpu[row, : batch.num_tokens_no_spec[row]]
-        chosen_lookup, chosen = choose(
-            context,
-            drafts.draft_token_ids[i],
-            cfg["min_match"],
-            cfg["max_ngram"],
-            cfg["drafter_tokens"],
-            cfg["lookup_tokens"],
-        )
+        chain = _row_chain(runner, row, context, len(drafts.draft_token_ids[i]))
+        chosen_lookup, chosen = fallback(chain, drafts.draft_token_ids[i], cfg["drafter_tokens"])
         runner._headstart_counts[chosen_lookup] += 1
         drafts.draft_token_ids[i] = chosen
+    _finish(runner)
 
 
 def _lookup_first(
@@ -206,9 +281,10 @@ def _lookup_first(
         if not len(sampled) or room <= 0:
             chains.append([])
             continue
-        chain = lookup(context, room, cfg["min_match"], cfg["max_ngram"], cfg["lookup_tokens"])
+        chain = _row_chain(runner, row, context, room)
         runner._headstart_counts[chain is not None] += 1
         chains.append(chain)
+    _finish(runner)
     needed = d > 0 and any(chain is None for chain in chains)
     drafted = run_drafter(d if needed else 1) if stateful else run_drafter(d) if needed else None
     return [
@@ -274,6 +350,7 @@ def register() -> None:
         # steps that kept the drafter's drafts, steps that took the lookup chain
         self._headstart_counts = [0, 0]
         self._headstart_drafted = False  # this step's drafts already chose (lookup first)
+        self._headstart_suffix = _suffix_trees(vllm_config, self._headstart_lookup)
         if self._headstart_lookup:
             log.info("headstart lookup hybrid on: %s", self._headstart_lookup)
 

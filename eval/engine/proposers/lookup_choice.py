@@ -10,7 +10,10 @@ n >= min_match, the (up to) `num_tokens` tokens that followed it are verified in
 (vLLM, like its `ngram`, takes fewer drafts than num_speculative_tokens for a request; `num_tokens` may exceed the
 drafter's chain: a longer chain behind the same match only adds tokens). With `max_tokens` the chain is as long as
 the match when that is longer than `num_tokens`, up to `max_tokens`, and n-grams up to `max_tokens` are searched:
-suffix decoding's rule (eval/engine/ngram.py `chain_length`; the plugin's `lookup_tokens`).
+suffix decoding's rule (eval/engine/ngram.py `chain_length`; the plugin's `lookup_tokens`). With `min_score`
+the lookup is suffix decoding's own (eval/engine/suffix_lookup.py: the prompt's suffix tree and every earlier
+response's, as vLLM's `suffix` method): its draft of up to `num_tokens` is verified when its score (the tokens it
+expects accepted) is at least `min_score`; the plugin's `source: "suffix"`.
 
 Lossless as any chain: both candidates are deterministic functions of the context (`Draft.probs` None) and the
 target verifies whichever is chosen. `accepted()` passes the path to the drafter unchanged: it indexes positions
@@ -24,24 +27,32 @@ import torch
 from headstart.eval.engine.ngram import chain_length
 from headstart.eval.engine.proposers.base import Draft, Proposer, Sampling
 from headstart.eval.engine.proposers.prompt_lookup import MAX_NGRAM, find_match
+from headstart.eval.engine.suffix_lookup import SuffixLookup
 from headstart.eval.engine.tree import chain_tree
 
 
 class LookupChoice:
     """`inner` (a proposer of deterministic drafts, typically a chain of K) or up to `num_tokens` lookup tokens
     when the context's suffix n-gram match is at least `min_match` long (as many as the match, up to `max_tokens`,
-    when that is longer). `counts`: steps, steps that verified the lookup chain."""
+    when that is longer), or with `min_score` suffix decoding's draft when it scores that much (`min_match`
+    unused). `counts`: steps, steps that verified the lookup chain."""
 
     def __init__(
         self,
         inner: Proposer,
-        min_match: int,
+        min_match: int | None,
         num_tokens: int,
         device: torch.device,
         max_ngram: int = MAX_NGRAM,
         max_tokens: int | None = None,
+        min_score: float | None = None,
     ):
-        if not 1 <= min_match <= max_ngram:
+        if min_score is not None and (min_match is not None or max_tokens is not None):
+            raise ValueError(
+                f"lookup_min_score={min_score} chooses suffix decoding's draft (its own length rule, up to "
+                "lookup_tokens). Fix: drop lookup_min_match and lookup_max_tokens, or lookup_min_score"
+            )
+        if min_score is None and not 1 <= (min_match or 0) <= max_ngram:
             raise ValueError(
                 f"lookup_min_match={min_match}: must be in 1..{max_ngram} (the longest n-gram searched). "
                 "Fix: lookup_min_match=1, 2 or 3, or leave it unset for the merged lookup branch"
@@ -59,15 +70,29 @@ class LookupChoice:
         self.max_ngram = max_ngram if max_tokens is None else max(max_ngram, max_tokens)
         self.width = max(inner.width, self.most + 1)
         self.counts = {"steps": 0, "lookup": 0}
+        # the suffix trees live as long as the decoder: every earlier reply joins the global tree, as in vLLM
+        self.suffix, self.min_score = (None, None) if min_score is None else (SuffixLookup(), min_score)
+        self.requests, self.prompt_len = 0, 0
 
     def start(self, prompt: list[int], hidden: torch.Tensor) -> None:
         self.inner.start(prompt, hidden)
+        if self.suffix is not None:
+            self.suffix.finish()
+            self.requests, self.prompt_len = self.requests + 1, len(prompt)
+
+    def _lookup(self, context: list[int]) -> list[int] | None:
+        """The lookup chain when it qualifies, else None."""
+        if self.suffix is not None:
+            score, chain = self.suffix.draft(self.requests, self.prompt_len, context, self.most)
+            return chain if chain and score >= self.min_score else None
+        n, chain = find_match(torch.tensor(context), self.max_ngram, self.most)
+        chain = chain[: chain_length(n, self.base, self.most)]
+        return chain if n >= self.m and chain else None
 
     def propose(self, context: list[int], sampling: Sampling) -> Draft | None:
         self.counts["steps"] += 1
-        n, chain = find_match(torch.tensor(context), self.max_ngram, self.most)
-        chain = chain[: chain_length(n, self.base, self.most)]
-        matched = n >= self.m and bool(chain)
+        chain = self._lookup(context)
+        matched = chain is not None
         # a stateless drafter (its propose changes nothing) is skipped when the lookup chain wins, as the plugin
         # skips vLLM's Medusa heads; one with state (a draft KV cache) runs every step so that state follows
         draft = (
