@@ -17,7 +17,8 @@ their match (suffix decoding's rule: a match of n > L tokens verifies n) up to e
 predicted speed is higher: growth changes only the steps whose match is longer than L, and their wider verifies
 are priced. Where Arctic Inference's suffix tree is installed, suffix decoding's own draft (the prompt's and the
 earlier replies' suffix trees, up to LONG_CHAIN tokens) is tried in place of the n-gram chain at each min_score of
-SUFFIX_SCORES, and kept when it prices faster than the n-gram rule (the plugin's `source: "suffix"`). Prompts
+SUFFIX_SCORES, and kept when it prices faster than the n-gram rule prompt by prompt, beyond SUFFIX_SE standard
+errors (the plugin's `source: "suffix"`). Prompts
 the figure is later scored on must not be among the tuning prompts (the caller's duty, checked in
 eval/serve_check.py).
 """
@@ -39,6 +40,10 @@ LONG_CHAIN = GROWTH[-1]
 # suffix decoding's draft is taken when its score (the tokens it expects accepted) reaches this: any draft, up to
 # Arctic Inference's own rule beside a 3-token speculator
 SUFFIX_SCORES = (0.0, 1.0, 2.0, 3.0)
+# suffix decoding replaces the n-gram rule only when faster prompt by prompt beyond this many standard errors of
+# the mean difference: its drafts depend on the replies before (its global tree), and a pooled +1.6% on the 12
+# tuning prompts once served at -9% on others
+SUFFIX_SE = 2.0
 COST_REPS = 7
 log = logging.getLogger("headstart.eval")
 
@@ -55,6 +60,8 @@ class LookupRule:
     # per rule: steps by verify width (1 + drafts), and the predicted speed over plain decoding they price to
     widths_by_rule: dict[str, dict[str, int]] = field(default_factory=dict)
     speed_by_rule: dict[str, float] = field(default_factory=dict)
+    # per rule decoded here, per prompt: [tokens accepted, {width: steps}] (the paired test of the suffix rule)
+    prompt_steps_by_rule: dict[str, list] = field(default_factory=dict)
     verify_cost: dict[str, float] = field(default_factory=dict)  # by width, a plain step = 1, this machine
     source: str = "ngram"  # "suffix": suffix decoding's draft of up to lookup_tokens (min_match None)
     min_score: float | None = None  # "suffix": the score its draft needs
@@ -119,6 +126,19 @@ def predicted_speed(tau: float, widths: dict[int, int], cost: dict[int, float]) 
     return tau * steps / sum(n * cost[min(w, most)] for w, n in widths.items())
 
 
+def clearly_faster(new: list, old: list, cost: dict[int, float], se: float = SUFFIX_SE) -> bool:
+    """Per-prompt [accepted, {width: steps}] of two rules on the same prompts: whether `new` emits more tokens per
+    plain step's time than `old` by more than `se` standard errors of the mean per-prompt difference."""
+    most = max(cost)
+    speed = lambda a, ws: a / sum(n * cost[min(int(w), most)] for w, n in ws.items())  # noqa: E731
+    d = [speed(*a) - speed(*b) for a, b in zip(new, old, strict=True)]
+    if len(d) < 2:
+        return False
+    mean = sum(d) / len(d)
+    sd = (sum((x - mean) ** 2 for x in d) / (len(d) - 1)) ** 0.5
+    return mean > se * sd / len(d) ** 0.5
+
+
 def suffix_available() -> bool:
     """Whether Arctic Inference's suffix tree imports here (the suffix-decoding lookup can be tuned)."""
     from importlib.util import find_spec
@@ -127,8 +147,10 @@ def suffix_available() -> bool:
 
 
 def untried_suffix(record: dict) -> bool:
-    """A record tuned without suffix decoding where it could be tried now (re-tuned: its decodes are reused)."""
-    return suffix_available() and not any(name.startswith("suffix") for name in record.get("tau_by_rule", {}))
+    """A record tuned without suffix decoding's paired test where it could run now (re-tuned: its decodes are
+    reused, only what the test needs is decoded)."""
+    tested = record.get("prompt_steps_by_rule", {})
+    return suffix_available() and not any(name.startswith("suffix") for name in tested)
 
 
 def verify_costs(backbone, context: list[int], widest: int, reps: int = COST_REPS) -> dict[int, float]:
@@ -143,6 +165,87 @@ def verify_costs(backbone, context: list[int], widest: int, reps: int = COST_REP
     return {w: s / timed[1] for w, s in timed.items()}
 
 
+class Trials:
+    """The rules tried: each one's greedy decode of the tuning prompts (`decode(rule)` -> per prompt [accepted,
+    {width: steps}], forwards), or its recorded one from `known`, priced by `cost`."""
+
+    def __init__(self, decode, cost: dict[int, float], known: dict | None):
+        self.decode, self.cost = decode, cost
+        self.taus: dict = {}
+        self.widths: dict = {}
+        self.per_prompt: dict = {}
+        known = known or {}
+        self.old = (
+            known.get("tau_by_rule", {}),
+            known.get("widths_by_rule", {}),
+            known.get("prompt_steps_by_rule", {}),
+        )
+
+    def speed(self, rule) -> float:
+        return predicted_speed(self.taus[rule], self.widths[rule], self.cost)
+
+    def score(self, rule: tuple | None, step: str, paired: bool = False) -> float:
+        """The rule's predicted speed, decoded unless recorded (`paired`: with its per-prompt steps)."""
+        name = rule_name(rule)
+        taus, widths, prompts = self.old
+        if name in taus and name in widths and (name in prompts or not paired):
+            self.taus[rule], self.widths[rule] = taus[name], {int(w): n for w, n in widths[name].items()}
+            if name in prompts:
+                self.per_prompt[rule] = prompts[name]
+            log.info("lookup rule %s, %s: greedy tau %.3f (recorded)", step, name, taus[name])
+            return self.speed(rule)
+        self.per_prompt[rule], forwards = self.decode(rule)
+        steps: Counter = Counter()
+        for _, these in self.per_prompt[rule]:
+            steps += Counter({int(w): n for w, n in these.items()})
+        accepted = sum(a for a, _ in self.per_prompt[rule])
+        self.taus[rule], self.widths[rule] = (accepted / forwards if forwards else 1.0), dict(steps)
+        log.info(
+            "lookup rule %s, %s: greedy tau %.3f, predicted %.3fx on %d prompts",
+            step, name, self.taus[rule], self.speed(rule), len(self.per_prompt[rule]),
+        )  # fmt: skip
+        return self.speed(rule)
+
+    def record(self) -> dict:
+        """The LookupRule fields of every rule tried."""
+        return {
+            "tau_by_rule": {rule_name(r): tau for r, tau in self.taus.items()},
+            "widths_by_rule": {
+                rule_name(r): {str(w): n for w, n in sorted(ws.items())} for r, ws in self.widths.items()
+            },
+            "speed_by_rule": {rule_name(r): self.speed(r) for r in self.taus},
+            "prompt_steps_by_rule": {rule_name(r): steps for r, steps in self.per_prompt.items()},
+            "verify_cost": {str(w): c for w, c in self.cost.items()},
+        }
+
+
+def suffix_rule(trials: Trials, kept: tuple | None, chosen: float, most: int) -> tuple | None:
+    """Suffix decoding's draft of up to `most` at each of SUFFIX_SCORES: the fastest when it beats the n-gram rule
+    `kept` (predicted `chosen`) pooled and prompt by prompt (`clearly_faster`), else None."""
+    tried = [("suffix", s, most) for s in SUFFIX_SCORES]
+    for i, rule in enumerate(tried, 1):
+        trials.score(rule, f"suffix decoding {i}/{len(tried)}", paired=True)
+    fastest = max(tried, key=lambda rule: (trials.speed(rule), rule[1]))
+    trials.score(kept, "the kept n-gram rule, per prompt", paired=True)
+    pp = trials.per_prompt
+    won = trials.speed(fastest) > chosen and clearly_faster(pp[fastest], pp[kept], trials.cost)
+    log.info(
+        "lookup rule: suffix decoding (%s, %.3fx) %s the n-gram rule (%.3fx)",
+        rule_name(fastest), trials.speed(fastest), "replaces" if won else "does not clearly beat", chosen,
+    )  # fmt: skip
+    return fastest if won else None
+
+
+def decoder_options(rule: tuple | None) -> dict:
+    """headstart's decoder options that run a rule tried here."""
+    if rule is None:
+        return {}
+    if rule[0] == "suffix":
+        return {"lookup_tokens": rule[2], "lookup_min_score": rule[1]}
+    extra = {"lookup_tokens": rule[0], "lookup_min_match": rule[1]}
+    return extra | ({"lookup_max_tokens": rule[2]} if len(rule) > 2 else {})
+
+
 def tune_lookup_rule(
     backbone, proposer: str, loaded, chain: dict, k: int, prompts: list[list[int]], max_new: int,
     lengths: list[int] | None = None, long_chain: int | None = LONG_CHAIN, known: dict | None = None,
@@ -152,75 +255,44 @@ def tune_lookup_rule(
     chain of each L in `lengths` (default: k) chosen at each m, priced by `cost` (default: `verify_costs` measured
     here over the median tuning prompt) -> the rule `pick_rule` keeps, then that rule with chains growing to each
     of `growth(L, long_chain)`, kept when faster, then suffix decoding's draft at each of SUFFIX_SCORES (`suffix`;
-    default: where its suffix tree is installed), kept when faster still. `known`: an older record's
-    {"tau_by_rule", "widths_by_rule"} for these prompts, rules in both not decoded again."""
-    taus: dict = {}
-    widths: dict = {}
-    old_taus, old_widths = (known or {}).get("tau_by_rule", {}), (known or {}).get("widths_by_rule", {})
+    default: where its suffix tree is installed), kept when faster still prompt by prompt (`suffix_rule`).
+    `known`: an older record's {"tau_by_rule", "widths_by_rule", "prompt_steps_by_rule"} for these prompts, rules
+    recorded not decoded again."""
     if cost is None:
         context = sorted(prompts, key=len)[len(prompts) // 2]
         cost = verify_costs(backbone, context, (long_chain or DRAFT_TOKENS) + 1)
         log.info("lookup rule: verify cost by width %s", ", ".join(f"w{w} {c:.2f}" for w, c in cost.items()))
-    speed = lambda rule: predicted_speed(taus[rule], widths[rule], cost)  # noqa: E731
 
-    def score(rule: tuple | None, step: str) -> float:
-        name = rule_name(rule)
-        if name in old_taus and name in old_widths:
-            taus[rule], widths[rule] = old_taus[name], {int(w): n for w, n in old_widths[name].items()}
-            log.info("lookup rule %s, %s: greedy tau %.3f (recorded)", step, name, taus[rule])
-            return speed(rule)
-        extra = {}
-        if rule is not None and rule[0] == "suffix":
-            extra = {"lookup_tokens": rule[2], "lookup_min_score": rule[1]}
-        elif rule is not None:
-            extra = {"lookup_tokens": rule[0], "lookup_min_match": rule[1]}
-            extra |= {"lookup_max_tokens": rule[2]} if len(rule) > 2 else {}
-        decoder = build_decoder(proposer, backbone, loaded, **chain, **extra)
-        accepted = forwards = 0
-        steps: Counter = Counter()
+    def decode(rule: tuple | None) -> tuple[list, int]:
+        decoder = build_decoder(proposer, backbone, loaded, **chain, **decoder_options(rule))
+        rows, forwards = [], 0
         for ids in prompts:
             stats = decoder.generate(list(ids), max_new, temperature=0.0).stats
-            accepted, forwards = accepted + sum(stats.accepted_per_step), forwards + stats.target_forwards
-            steps += steps_by_width(stats.target_forwards, stats.proposed_by_position)
-        taus[rule], widths[rule] = (accepted / forwards if forwards else 1.0), dict(steps)
-        log.info(
-            "lookup rule %s, %s: greedy tau %.3f, predicted %.3fx on %d prompts",
-            step, name, taus[rule], speed(rule), len(prompts),
-        )  # fmt: skip
-        return speed(rule)
+            widths = steps_by_width(stats.target_forwards, stats.proposed_by_position)
+            rows.append([sum(stats.accepted_per_step), {str(w): n for w, n in sorted(widths.items())}])
+            forwards += stats.target_forwards
+        return rows, forwards
 
+    trials = Trials(decode, cost, known)
     rules = [None, *((L, m) for L in lengths or [k] for m in range(1, MAX_NGRAM + 1))]
     for i, rule in enumerate(rules, 1):
-        score(rule, f"{i}/{len(rules)}")
-    best = pick_rule({rule: speed(rule) for rule in rules})
-    max_tokens, chosen = None, speed(best)
+        trials.score(rule, f"{i}/{len(rules)}")
+    best = pick_rule({rule: trials.speed(rule) for rule in rules})
+    max_tokens, chosen = None, trials.speed(best)
     if best is not None:
         for most in growth(best[0], long_chain):
-            faster = score((*best, most), f"growing with its match to {most}")
+            faster = trials.score((*best, most), f"growing with its match to {most}")
             if faster > chosen:
                 max_tokens, chosen = most, faster
-    suffix_rule = None
+    # the rule kept: suffix decoding's, else the n-gram's (L, m[, max]) or the drafter alone (min_match None)
+    fields = {"source": "ngram", "min_match": None if best is None else best[1], "lookup_tokens": k if best is None else best[0], "max_tokens": max_tokens}  # fmt: skip
     if suffix_available() if suffix is None else suffix:
-        tried = [("suffix", s, long_chain or LONG_CHAIN) for s in SUFFIX_SCORES]
-        for i, rule in enumerate(tried, 1):
-            score(rule, f"suffix decoding {i}/{len(tried)}")
-        fastest = max(tried, key=lambda rule: (speed(rule), rule[1]))
-        suffix_rule = fastest if speed(fastest) > chosen else None
+        kept = best if max_tokens is None else (*best, max_tokens)
+        won = suffix_rule(trials, kept, chosen, long_chain or LONG_CHAIN)
+        if won is not None:
+            fields = {"source": "suffix", "min_score": won[1], "min_match": None, "lookup_tokens": won[2], "max_tokens": None}  # fmt: skip
     else:
         log.info(
             "lookup rule: suffix decoding not tried (no Arctic Inference here; ./launch.sh suffix-setup)"
         )
-    # the rule kept: suffix decoding's, else the n-gram's (L, m[, max]) or the drafter alone (min_match None)
-    fields = {"source": "ngram", "min_match": None if best is None else best[1], "lookup_tokens": k if best is None else best[0], "max_tokens": max_tokens}  # fmt: skip
-    if suffix_rule is not None:
-        fields = {"source": "suffix", "min_score": suffix_rule[1], "min_match": None, "lookup_tokens": suffix_rule[2], "max_tokens": None}  # fmt: skip
-    return LookupRule(
-        k=k,
-        tau_by_rule={rule_name(r): tau for r, tau in taus.items()},
-        prompts=len(prompts),
-        max_new_tokens=max_new,
-        widths_by_rule={rule_name(r): {str(w): n for w, n in sorted(ws.items())} for r, ws in widths.items()},
-        speed_by_rule={rule_name(r): speed(r) for r in taus},
-        verify_cost={str(w): c for w, c in cost.items()},
-        **fields,
-    )
+    return LookupRule(k=k, prompts=len(prompts), max_new_tokens=max_new, **trials.record(), **fields)

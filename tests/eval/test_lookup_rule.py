@@ -144,18 +144,30 @@ def test_recorded_taus_are_not_decoded_again(backbone, monkeypatch):
     assert {k: rule.tau_by_rule[k] for k in taus} == taus and (rule.lookup_tokens, rule.min_match) == (1, 2)
 
 
-def test_suffix_decoding_is_kept_only_where_it_prices_faster_than_the_ngram_rule():
-    """Recorded taus and widths (nothing decoded): suffix decoding's draft at each min_score beside the n-gram
-    rules; kept when its best score prices faster, and then served as source 'suffix'."""
+def test_suffix_decoding_is_kept_only_where_it_is_faster_prompt_by_prompt():
+    """Recorded per-prompt steps (nothing decoded): suffix decoding's draft at each min_score beside the n-gram
+    rules; kept when its best is faster on the tuning prompts beyond SUFFIX_SE standard errors of the paired
+    difference, and then served as source 'suffix'; a pooled lead carried by one prompt is not enough."""
     from headstart.eval.tuning.lookup_rule import SUFFIX_SCORES
 
-    ngram = {"none": 1.2, "L=1,m=1": 1.5, "L=1,m=2": 1.4, "L=1,m=3": 1.3, "L=1,m=1,max=3": 1.5}
-    suffix = {f"suffix,s={s:g},max=3": 1.5 + 0.05 * s for s in SUFFIX_SCORES}  # s=2: tau 1.6
-    suffix["suffix,s=3,max=3"] = 1.55
-    widths = dict.fromkeys([*ngram, *suffix], {"2": 100})
-    known = {"tau_by_rule": ngram | suffix, "widths_by_rule": widths}
-    args = (None, "medusa", None, {}, 1, [[1, 2, 3]], 8, [1], 3, known)
-    rule = tune_lookup_rule(*args, cost=dict.fromkeys(range(1, 5), 1.0), suffix=True)
+    def record(per_prompt: dict) -> dict:
+        """{rule: per-prompt [accepted, {width: steps}]} -> the known record of those decodes."""
+        taus, widths = {}, {}
+        for name, rows in per_prompt.items():
+            steps = sum(sum(ws.values()) for _, ws in rows)
+            taus[name] = sum(a for a, _ in rows) / steps
+            widths[name] = {"2": steps}
+        return {"tau_by_rule": taus, "widths_by_rule": widths, "prompt_steps_by_rule": per_prompt}
+
+    even = lambda accepted: [[accepted + i % 2, {"2": 10}] for i in range(4)]  # noqa: E731  4 prompts
+    ngram = {name: even(15) for name in ("none", "L=1,m=1", "L=1,m=2", "L=1,m=3", "L=1,m=1,max=3")}
+    ngram |= {"none": even(12), "L=1,m=2": even(14), "L=1,m=3": even(13)}  # L=1,m=1 the n-gram rule
+    suffix = {f"suffix,s={s:g},max=3": even(14) for s in SUFFIX_SCORES}
+    args = (None, "medusa", None, {}, 1, [[1, 2, 3]] * 4, 8, [1], 3)
+    flat = dict.fromkeys(range(1, 5), 1.0)
+
+    suffix["suffix,s=2,max=3"] = even(16)  # one token more on every prompt
+    rule = tune_lookup_rule(*args, record(ngram | suffix), cost=flat, suffix=True)
     assert (rule.source, rule.min_score, rule.min_match, rule.lookup_tokens, rule.max_tokens) == (
         "suffix",
         2.0,
@@ -169,7 +181,10 @@ def test_suffix_decoding_is_kept_only_where_it_prices_faster_than_the_ngram_rule
         3,
         {"headstart_lookup": {"source": "suffix", "min_score": 2.0, "drafter_tokens": 1}},
     )
-    slower = known | {"tau_by_rule": ngram | dict.fromkeys(suffix, 1.45)}
-    rule = tune_lookup_rule(*args[:-1], slower, cost=dict.fromkeys(range(1, 5), 1.0), suffix=True)
-    assert (rule.source, rule.min_score, rule.min_match) == ("ngram", None, 1)  # n-gram rule kept
+    lucky = [[12, {"2": 10}], [13, {"2": 10}], [14, {"2": 10}], [30, {"2": 10}]]  # ahead on one prompt only
+    rule = tune_lookup_rule(
+        *args, record(ngram | suffix | {"suffix,s=2,max=3": lucky}), cost=flat, suffix=True
+    )
+    assert (rule.source, rule.min_score, rule.min_match) == ("ngram", None, 1)  # the n-gram rule kept
+    assert rule.speed_by_rule["suffix,s=2,max=3"] > rule.speed_by_rule["L=1,m=1"]  # though pooled it leads
     assert set(rule.tau_by_rule) == set(ngram) | set(suffix)

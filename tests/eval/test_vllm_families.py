@@ -82,16 +82,23 @@ def test_family_heads_serve_in_vllm_as_in_headstart(tmp_path, family):
         ("eagle3", {"min_match": 1, "k": 1, "lookup_tokens": 3}),
         ("eagle3", {"min_match": 1, "k": 1, "lookup_tokens": 2, "max_tokens": 8}),
         ("medusa", {"min_match": 1, "k": 1, "lookup_tokens": 2, "max_tokens": 8}),
+        ("eagle3", {"source": "suffix", "min_score": 0.0, "k": 1, "lookup_tokens": 8}),
+        ("medusa", {"source": "suffix", "min_score": 1.0, "k": 1, "lookup_tokens": 8}),
     ],
-    ids=["eagle3-fixed", "eagle3-growing", "medusa-growing-past-its-heads"],
+    ids=["eagle3-fixed", "eagle3-growing", "medusa-growing-past-its-heads", "eagle3-suffix", "medusa-suffix"],
 )
 def test_a_drafter_with_the_lookup_chain_serves_as_in_headstart(tmp_path, method, rule):
     """headstart's plugin with an EAGLE-3 drafter (a KV cache that follows every step; the plugin runs its
     further passes only as far as the step needs them) or Medusa heads (built as the checkpoint ships them, fewer
     than the 8 tokens a growing lookup chain may verify): vLLM stays lossless (fp32 greedy == its plain greedy)
     and accepts as headstart's decoder running the same rule (a chain of 1 behind a lookup chain of 3, or of 2
-    growing with its match up to 8: num_speculative_tokens 8)."""
+    growing with its match up to 8: num_speculative_tokens 8; or suffix decoding's drafts of up to 8, whose trees
+    hold earlier replies: the prompts go one at a time, as headstart's decoder runs them)."""
     from headstart.eval.serving.check import export_layouts, hybrid_spec
+    from headstart.models.decoding import lookup_options
+
+    if rule.get("source") == "suffix":
+        pytest.importorskip("arctic_inference.suffix_decoding", reason="./launch.sh suffix-setup builds it")
 
     # 8 layers: three distinct fused layers (2, 4, 5); vLLM captures each layer once, so the 2-layer model's
     # (1, 1, 1) reach its drafter as one
@@ -112,15 +119,14 @@ def test_a_drafter_with_the_lookup_chain_serves_as_in_headstart(tmp_path, method
     with VllmEngine(spec, tmp_path / "plain.log") as engine:
         plain = [o["token_ids"] for o in engine.generate(prompts, NEW)["outputs"]]
     with VllmEngine(spec | hybrid_spec(method, lay, rule), tmp_path / "hybrid.log") as e:
-        served = [o["token_ids"] for o in e.generate(prompts, NEW)["outputs"]]
+        served = [e.generate([p], NEW)["outputs"][0]["token_ids"] for p in prompts]
         counters = spec_counters(e.metrics())
     assert "headstart lookup hybrid on" in (tmp_path / "hybrid.log").read_text()
     assert served == plain, f"vLLM with the {method} hybrid diverged from its own plain greedy output"
 
     loaded = LoadedDrafter(*load_drafter(drafter_dir, backbone, meta), drafter_dir)
     chain, _ = chain_options(method, rule["k"], loaded.drafter)
-    decoder = build_decoder(method, backbone, loaded, **chain, lookup_tokens=rule["lookup_tokens"],
-                            lookup_min_match=1, lookup_max_tokens=rule.get("max_tokens"))  # fmt: skip
+    decoder = build_decoder(method, backbone, loaded, **chain, **lookup_options(rule))
     tau, _ = greedy_tau(decoder, prompts, NEW)
     # tokens per forward, as headstart's (counters.tau: the tokens each request emitted after its prefill)
     theirs = vllm_tau(counters | {"emitted": sum(max(len(out) - 1, 0) for out in served)})
