@@ -95,7 +95,7 @@ def test_a_drafter_with_the_lookup_chain_serves_as_in_headstart(tmp_path, method
     growing with its match up to 8: num_speculative_tokens 8; or suffix decoding's drafts of up to 8, whose trees
     hold earlier replies: the prompts go one at a time, as headstart's decoder runs them)."""
     from headstart.eval.serving.check import export_layouts, hybrid_spec
-    from headstart.models.decoding import lookup_options
+    from headstart.models.decoding import lookup_options, plugin_serving
 
     if rule.get("source") == "suffix":
         pytest.importorskip("arctic_inference.suffix_decoding", reason="./launch.sh suffix-setup builds it")
@@ -105,7 +105,7 @@ def test_a_drafter_with_the_lookup_chain_serves_as_in_headstart(tmp_path, method
     drafter_dir = train_tiny(tmp_path, "llama", method, SERVABLE | {"num_hidden_layers": 8})
     meta = read_meta(drafter_dir)
     if method == "medusa":
-        assert meta["method_config"]["num_heads"] < rule["max_tokens"]
+        assert meta["method_config"]["num_heads"] < plugin_serving(rule)[0]  # the chain vLLM verifies
     backbone = load_backbone(BackboneConfig(**{**meta["backbone"], "dtype": "float32"}))
     target = tmp_path / "target"
     backbone.model.save_pretrained(target)
