@@ -59,21 +59,27 @@ class SuffixLookup:
         if req not in self.cache.active_requests:
             if req in self.cache.cached_requests:  # an id used again: its old response goes
                 self.cache.evict_cached_response(req)
-            self.cache.start_request(req, context[:prompt_len].copy())
+            self.cache.start_request(req, context[:prompt_len])
             self.seen[req] = prompt_len
         if len(context) > self.seen[req]:
-            self.cache.add_active_response(req, context[self.seen[req] :].copy())
+            self.cache.add_active_response(req, context[self.seen[req] :])
             self.seen[req] = len(context)
         if k <= 0:
             return 0.0, []
         out = self.cache.speculate(
             req,
-            context[-self.depth :].copy(),
+            context[-self.depth :],
             max_spec_tokens=k,
             max_spec_factor=self.factor,
             min_token_prob=self.min_prob,
         )
         return float(out.score), list(out.token_ids)[:k]
+
+    def chain(self, req: Hashable, prompt_len: int, context, k: int, min_score: float) -> list[int] | None:
+        """`draft`'s tokens when there are some and they score at least `min_score` (the hybrid takes them), else
+        None (the drafter's chain)."""
+        score, tokens = self.draft(req, prompt_len, context, k)
+        return tokens if tokens and score >= min_score else None
 
     def finish(self, live: Iterable[Hashable] = ()) -> None:
         for req in set(self.cache.active_requests) - set(live):
@@ -82,5 +88,5 @@ class SuffixLookup:
 
 
 def _int32(tokens) -> np.ndarray:
-    """The suffix tree's zero-copy overload takes contiguous int32 arrays."""
+    """The suffix tree's zero-copy overload takes contiguous int32 arrays (slices of one stay contiguous)."""
     return np.ascontiguousarray(np.asarray(tokens), dtype=np.int32)

@@ -235,8 +235,7 @@ def _row_chain(runner, row: int, context: np.ndarray, k: int) -> list[int] | Non
     cfg, batch = runner._headstart_lookup, runner.input_batch
     if cfg["source"] == "suffix":
         prompt_len = int(batch.num_prompt_tokens[row])
-        score, chain = runner._headstart_suffix.draft(batch.req_ids[row], prompt_len, context, k)
-        return chain if chain and score >= cfg["min_score"] else None
+        return runner._headstart_suffix.chain(batch.req_ids[row], prompt_len, context, k, cfg["min_score"])
     return lookup(context, k, cfg["min_match"], cfg["max_ngram"], cfg["lookup_tokens"])
 
 

@@ -18,9 +18,8 @@ predicted speed is higher: growth changes only the steps whose match is longer t
 are priced. Where Arctic Inference's suffix tree is installed, suffix decoding's own draft (the prompt's and the
 earlier replies' suffix trees, up to LONG_CHAIN tokens) is tried in place of the n-gram chain at each min_score of
 SUFFIX_SCORES, and kept when it prices faster than the n-gram rule prompt by prompt, beyond SUFFIX_SE standard
-errors (the plugin's `source: "suffix"`). Prompts
-the figure is later scored on must not be among the tuning prompts (the caller's duty, checked in
-eval/serve_check.py).
+errors (the plugin's `source: "suffix"`). Prompts the figure is later scored on must not be among the tuning
+prompts (the caller's duty, checked in eval/serve_check.py).
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 
 from headstart.eval.engine.decoder import build_decoder
 from headstart.eval.engine.proposers.prompt_lookup import DRAFT_TOKENS, MAX_NGRAM
+from headstart.models.decoding import lookup_options
 
 SLACK = 0.01  # relative: a fixed rule this close to the best predicted speed counts as tied
 # the chains a growing match may verify, at most (multiples of 1, 2 and 4: vLLM's MTP divisibility); suffix
@@ -129,8 +129,11 @@ def predicted_speed(tau: float, widths: dict[int, int], cost: dict[int, float]) 
 def clearly_faster(new: list, old: list, cost: dict[int, float], se: float = SUFFIX_SE) -> bool:
     """Per-prompt [accepted, {width: steps}] of two rules on the same prompts: whether `new` emits more tokens per
     plain step's time than `old` by more than `se` standard errors of the mean per-prompt difference."""
-    most = max(cost)
-    speed = lambda a, ws: a / sum(n * cost[min(int(w), most)] for w, n in ws.items())  # noqa: E731
+
+    def speed(accepted: int, widths: dict) -> float:
+        steps = {int(w): n for w, n in widths.items()}
+        return predicted_speed(accepted / max(sum(steps.values()), 1), steps, cost)
+
     d = [speed(*a) - speed(*b) for a, b in zip(new, old, strict=True)]
     if len(d) < 2:
         return False
@@ -237,13 +240,12 @@ def suffix_rule(trials: Trials, kept: tuple | None, chosen: float, most: int) ->
 
 
 def decoder_options(rule: tuple | None) -> dict:
-    """headstart's decoder options that run a rule tried here."""
+    """headstart's decoder options that run a rule tried here (models/decoding.py `lookup_options`)."""
     if rule is None:
         return {}
     if rule[0] == "suffix":
-        return {"lookup_tokens": rule[2], "lookup_min_score": rule[1]}
-    extra = {"lookup_tokens": rule[0], "lookup_min_match": rule[1]}
-    return extra | ({"lookup_max_tokens": rule[2]} if len(rule) > 2 else {})
+        return lookup_options({"source": "suffix", "min_score": rule[1], "lookup_tokens": rule[2]})
+    return lookup_options({"lookup_tokens": rule[0], "min_match": rule[1], "max_tokens": (*rule, None)[2]})
 
 
 def tune_lookup_rule(

@@ -83,8 +83,7 @@ class LookupChoice:
     def _lookup(self, context: list[int]) -> list[int] | None:
         """The lookup chain when it qualifies, else None."""
         if self.suffix is not None:
-            score, chain = self.suffix.draft(self.requests, self.prompt_len, context, self.most)
-            return chain if chain and score >= self.min_score else None
+            return self.suffix.chain(self.requests, self.prompt_len, context, self.most, self.min_score)
         n, chain = find_match(torch.tensor(context), self.max_ngram, self.most)
         chain = chain[: chain_length(n, self.base, self.most)]
         return chain if n >= self.m and chain else None
