@@ -225,3 +225,18 @@ def plugin_serving(rule: dict) -> tuple[int, dict]:
     if most:
         extra |= {"lookup_tokens": rule["lookup_tokens"], "max_ngram": most}
     return served, {"headstart_lookup": {"min_match": rule["min_match"], **extra}}
+
+
+# vLLM methods whose drafter's greedy draft can skip the full-vocabulary logits (vLLM 0.32's EAGLE proposers)
+LOCAL_ARGMAX_METHODS = ("eagle", "eagle3")
+
+
+def hybrid_speculative_config(spec: dict, rule: dict) -> dict:
+    """The speculative_config that serves layout config `spec` with headstart's lookup plugin running `rule`:
+    num_speculative_tokens the longest chain (`plugin_serving`), and for an EAGLE drafter vLLM's
+    `use_local_argmax_reduction` (the plugin's vLLM has it): each draft is the argmax over the drafter's own
+    vocabulary, mapped to the target's, the same token without scattering the logits over the target's
+    vocabulary first (measured in vLLM's CPU build on the EAGLE-3 experiment: 1.20 -> 0.87 ms a draft)."""
+    served, _ = plugin_serving(rule)
+    local = {"use_local_argmax_reduction": True} if spec.get("method") in LOCAL_ARGMAX_METHODS else {}
+    return spec | {"num_speculative_tokens": served} | local

@@ -269,10 +269,11 @@ def hybrid_rule(hybrid, drafter_dir, backbone, loaded, k: int, questions, max_ne
 def hybrid_spec(method: str, lay, rule: dict) -> dict:
     """Layout `lay` served with headstart's vLLM plugin running `rule` (synchronous scheduling: the plugin
     rewrites the drafts where they leave for the scheduler)."""
-    from headstart.models.decoding import plugin_serving
+    from headstart.models.decoding import hybrid_speculative_config, plugin_serving
 
-    served, plugin = plugin_serving(rule)
-    return layout_spec(method, lay, served) | {"additional_config": plugin, "async_scheduling": False}
+    extras = layout_spec(method, lay, rule["k"])
+    extras["speculative_config"] = hybrid_speculative_config(extras["speculative_config"], rule)
+    return extras | {"additional_config": plugin_serving(rule)[1], "async_scheduling": False}
 
 
 def hybrid_summary(runs: dict, errors: dict, rule: dict) -> dict:

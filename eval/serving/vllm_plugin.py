@@ -32,7 +32,8 @@ stateless: its heads run only when some request of the step has no match long en
 `drafter_tokens` of them (`drafter_tokens: 0`: never; the hybrid is then vLLM's `ngram`). In vLLM's CPU build four
 heads over a truncated vocabulary cost a few percent of a plain step, spent every step when the drafter always
 runs. An EAGLE drafter (or a draft model) keeps a KV cache that must follow every step, so it always makes its
-first pass (the one that reads the step's accepted tokens), and its further passes, one per draft, only up to
+first pass (the one that reads the step's accepted tokens; asked for 0 drafts when no request needs them, as
+vLLM's dynamic speculation does, so that it samples none), and its further passes, one per draft, only up to
 `drafter_tokens` and only when some request needs its drafts: a lookup chain of 4 behind a drafter's chain of 2
 no longer costs 4 drafter passes a step.
 
@@ -265,8 +266,8 @@ def _lookup_first(
 ) -> list[list[int]]:
     """A step's drafts, per batch row: the lookup chain when long enough, else the drafter's first
     `drafter_tokens`, the drafter run (`run_drafter(d)` -> rows of d drafts) only when some row needs it. A
-    `stateful` drafter (a KV cache that follows every step: EAGLE, a draft model) runs every step, one pass when
-    no row needs its drafts. A row that sampled nothing this step (mid-prefill) drafts nothing, as in vLLM's
+    `stateful` drafter (a KV cache that follows every step: EAGLE, a draft model) runs every step: its first pass
+    and no draft (d = 0) when no row needs its drafts. A row that sampled nothing this step (mid-prefill) drafts nothing, as in vLLM's
     `ngram`. `pending`: the batch's token rows do not hold this step's sampled tokens yet (vLLM drafts with EAGLE
     before its bookkeeping), so each context is its row plus them."""
     cfg, batch = runner._headstart_lookup, runner.input_batch
@@ -285,7 +286,7 @@ def _lookup_first(
         chains.append(chain)
     _finish(runner)
     needed = d > 0 and any(chain is None for chain in chains)
-    drafted = run_drafter(d if needed else 1) if stateful else run_drafter(d) if needed else None
+    drafted = run_drafter(d if needed else 0) if stateful else run_drafter(d) if needed else None
     return [
         chain if chain is not None else (drafted[row][:d] if drafted is not None else [])
         for row, chain in enumerate(chains)

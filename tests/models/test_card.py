@@ -230,7 +230,8 @@ def test_a_suffix_decoding_rule_is_served_as_the_plugins_suffix_source():
     spec = {"model": "x", "method": "eagle3", "num_speculative_tokens": 2}
     rule = {"source": "suffix", "min_score": 1.0, "min_match": None, "k": 2, "lookup_tokens": 16}
     text = "\n".join(vllm_snippet("org/base", spec, {"decoding": {"lookup_rule": rule}}))
-    assert f"--speculative-config '{json.dumps(spec | {'num_speculative_tokens': 16})}'" in text
+    served = spec | {"num_speculative_tokens": 16, "use_local_argmax_reduction": True}  # an EAGLE drafter
+    assert f"--speculative-config '{json.dumps(served)}'" in text
     assert '{"headstart_lookup": {"source": "suffix", "min_score": 1.0, "drafter_tokens": 2}}' in text
     assert (
         "suffix decoding (the prompt's and earlier replies' suffix trees) drafts up to 16 tokens scoring at least 1"
