@@ -237,6 +237,9 @@ def hybrid_speculative_config(spec: dict, rule: dict) -> dict:
     `use_local_argmax_reduction` (the plugin's vLLM has it): each draft is the argmax over the drafter's own
     vocabulary, mapped to the target's, the same token without scattering the logits over the target's
     vocabulary first (measured in vLLM's CPU build on the EAGLE-3 experiment: 1.20 -> 0.87 ms a draft)."""
-    served, _ = plugin_serving(rule)
-    local = {"use_local_argmax_reduction": True} if spec.get("method") in LOCAL_ARGMAX_METHODS else {}
-    return spec | {"num_speculative_tokens": served} | local
+    return spec | {"num_speculative_tokens": plugin_serving(rule)[0]} | local_argmax(spec)
+
+
+def local_argmax(spec: dict) -> dict:
+    """vLLM's use_local_argmax_reduction for a speculative_config whose drafter has it, else nothing."""
+    return {"use_local_argmax_reduction": True} if spec.get("method") in LOCAL_ARGMAX_METHODS else {}

@@ -303,6 +303,18 @@ def _sampled_rows(runner, sampled: torch.Tensor) -> list[list[int]]:
     return RejectionSampler.parse_output(sampled, batch.vocab_size, discard)[0]
 
 
+def medusa_drafts(model, blocks: list[torch.Tensor]) -> torch.Tensor:
+    """(rows, heads) draft tokens of vLLM's Medusa `model` from its heads' residual blocks: each head's argmax
+    over its own (truncated) vocabulary, mapped to the target's by `token_map`. vLLM's compute_logits first
+    scatters each head's logits over the target's vocabulary (a tensor of -inf as wide as it, per head), for the
+    same argmax but among ties, which this breaks as headstart's decoder does (the first truncated id)."""
+    tops = []
+    for hidden, lm_head in zip(blocks, model.lm_heads):
+        top = model.logits_processor(lm_head, hidden).argmax(dim=-1)
+        tops.append(top if model.token_map is None else model.token_map[top])
+    return torch.stack(tops, dim=1)
+
+
 def _build_shipped_medusa_heads() -> None:
     """vLLM builds num_speculative_tokens Medusa heads; with the hybrid the lookup chain may be longer than the
     heads the checkpoint ships, so their count is kept when vLLM sets K, and the model is built with only those
@@ -389,9 +401,7 @@ def register() -> None:
         heads = getattr(self, "_headstart_tokens", None)
         if heads is None:
             return medusa_propose(self, num_speculative_tokens, target_hidden_states, *args, **kwargs)
-        blocks = [block(target_hidden_states) for block in self.model.blocks[:heads]]
-        logits = self.model.compute_logits(blocks)
-        return torch.stack([logit.argmax(dim=-1) for logit in logits], dim=1)
+        return medusa_drafts(self.model, [block(target_hidden_states) for block in self.model.blocks[:heads]])
 
     # num_speculative_tokens: the first argument, by position or by name
     def fewer_passes(self, *args, **kwargs):

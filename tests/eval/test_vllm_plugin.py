@@ -280,3 +280,20 @@ def test_lookup_first_chains_grow_with_their_match():
     runner = lookup_first_runner(2, [copied, [4, 5, 6, 7, 8, 4, 5]])  # and a 2-gram one
     runner._headstart_lookup |= {"lookup_tokens": 2, "max_ngram": 8}
     assert plugin._lookup_first(runner, 8, [[4], [5]], Drafter(2)) == [[5, 6, 7, 8], [6, 7]]
+
+
+def test_medusa_drafts_are_each_heads_argmax_mapped_to_the_target_vocabulary():
+    """The plugin's Medusa drafts: the argmax over each head's truncated vocabulary through token_map, the token
+    vLLM's full-vocabulary scatter picks (random logits: no ties), without the scatter."""
+    torch.manual_seed(0)
+    heads = [torch.nn.Linear(8, 5, bias=False) for _ in range(3)]
+    token_map = torch.tensor([7, 2, 11, 0, 4])
+    model = SimpleNamespace(lm_heads=heads, token_map=token_map, logits_processor=lambda head, h: head(h))
+    blocks = [torch.randn(2, 8) for _ in heads]
+    drafts = plugin.medusa_drafts(model, blocks)
+    for h, (head, hidden) in enumerate(zip(heads, blocks)):
+        full = torch.full((2, 12), float("-inf"))
+        full[:, token_map] = head(hidden)
+        assert torch.equal(drafts[:, h], full.argmax(dim=-1))
+    model.token_map = None  # the full vocabulary: the argmax itself
+    assert torch.equal(plugin.medusa_drafts(model, blocks)[:, 0], heads[0](blocks[0]).argmax(dim=-1))
