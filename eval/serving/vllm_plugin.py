@@ -21,7 +21,8 @@ Serve it (the plugin loads through vLLM's `vllm.general_plugins` entry point onc
 environment; `pip install --no-deps headstart` is enough, it imports nothing but vLLM and numpy, and for
 `source: "suffix"` Arctic Inference's suffix tree, as vLLM's `suffix` method does):
 
-    vllm serve BACKBONE --speculative-config '{"method": "eagle3", "model": DRAFTER, "num_speculative_tokens": 4}' \
+    vllm serve BACKBONE --speculative-config \
+        '{"method": "eagle3", "model": DRAFTER, "num_speculative_tokens": 4, "use_local_argmax_reduction": true}' \
         --additional-config '{"headstart_lookup": {"min_match": 2, "drafter_tokens": 2}}' --no-async-scheduling
 
 or, with Arctic Inference installed, `{"headstart_lookup": {"source": "suffix", "min_score": 1, "drafter_tokens": 2}}`
