@@ -39,7 +39,7 @@ def test_the_hybrid_is_served_as_the_serve_check_serves_it():
 def test_the_table_gives_milliseconds_per_step():
     row = {
         "method": "hybrid", "tokens": 100, "seconds": 2.0, "steps": 50,
-        "ms_per_step": {"execute_model": 30.0, "propose": 4.0}, "calls_per_step": {"_greedy_sample": 0.5},
+        "ms_per_step": {"execute_model": 30.0, "propose": 4.0}, "calls_per_step": {"propose": 1.0, "_greedy_sample": 0.5},
     }  # fmt: skip
     text = table([row])
-    assert "| hybrid | 50.0 | 2.00 | 40.0 | 30.00 | 0.00 | 0.00 | 0.00 | 4.00 | 0.00 | 0.50 |" in text
+    assert "| hybrid | 50.0 | 2.00 | 40.0 | 30.00 | 0.00 | 0.00 | 0.00 | 4.00 | 0.00 | 1.00 | 0.50 |" in text
