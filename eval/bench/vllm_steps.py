@@ -36,13 +36,17 @@ def specs(args) -> dict[str, dict]:
     ngram = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
     out = {"plain": {}, "ngram": {"speculative_config": ngram}}
     if args.drafter:
+        from headstart.eval.serving.check import engine_args
+
         drafter = {"method": args.method, "model": args.drafter, "num_speculative_tokens": args.k}
-        out["drafter"] = {"speculative_config": drafter}
+        folder = engine_args(
+            args.method, args.drafter
+        )  # what the exported folder needs, as in the serve check
+        out["drafter"] = {"speculative_config": drafter} | folder
         if args.hybrid:
-            out["hybrid"] = {
-                "speculative_config": drafter
-                | {"num_speculative_tokens": args.served}
-                | local_argmax(drafter),
+            served = drafter | {"num_speculative_tokens": args.served} | local_argmax(drafter)
+            out["hybrid"] = folder | {
+                "speculative_config": served,
                 "additional_config": {"headstart_lookup": json.loads(args.hybrid)},
             }
     return out
@@ -131,7 +135,9 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--backbone", required=True, help="the backbone's folder as vLLM loads it")
     p.add_argument("--drafter", help="an exported layout's folder (vLLM's speculative_config model)")
-    p.add_argument("--method", default="eagle3", help="vLLM's speculative method for --drafter")
+    p.add_argument(
+        "--method", default="eagle3", help="the drafter's method: medusa, eagle or eagle3 (vLLM's names too)"
+    )
     p.add_argument("--k", type=int, default=2, help="the drafter's chain alone")
     p.add_argument("--hybrid", help="headstart_lookup settings (JSON) to add the plugin's hybrid")
     p.add_argument(
