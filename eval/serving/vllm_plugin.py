@@ -40,8 +40,9 @@ no longer costs 4 drafter passes a step.
 
 Without `headstart_lookup` in the additional config the plugin changes nothing. It patches six methods of vLLM
 (the model runner's `propose_draft_token_ids` and `take_draft_token_ids`, where a step's drafts are made and
-leave for the scheduler; MedusaProposer.propose, to run fewer heads; SpecDecodeBaseProposer.propose, the EAGLE
-and draft-model proposers' loop, to make fewer passes; MedusaConfig's num_lookahead_tokens setter and
+leave for the scheduler; MedusaProposer.propose, to run fewer heads and take each one's argmax over its own
+vocabulary, reading the Medusa model's lm_heads, token_map and logits_processor; SpecDecodeBaseProposer.propose,
+the EAGLE and draft-model proposers' loop, to make fewer passes; MedusaConfig's num_lookahead_tokens setter and
 Medusa.__init__, to build the heads a checkpoint ships when the lookup chain is longer) and is written for the
 vLLM version in SUPPORTED_VLLM: another version, asynchronous scheduling (drafts then bypass those methods),
 probabilistic drafts (the verifier would read the drafter's probabilities for tokens the lookup chose) or no
