@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 
+from headstart.eval.serving.baselines import NGRAM_SPEC
 from headstart.models.decoding import local_argmax
 
 TIMED_RUNNER = ("execute_model", "_model_forward", "sample_tokens", "propose_draft_token_ids")
@@ -33,15 +34,13 @@ TIMED_PROPOSER = ("propose", "_greedy_sample")
 
 def specs(args) -> dict[str, dict]:
     """method name -> LLM keyword arguments."""
-    ngram = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
-    out = {"plain": {}, "ngram": {"speculative_config": ngram}}
+    out = {"plain": {}, "ngram": {"speculative_config": dict(NGRAM_SPEC)}}  # as the serve check's baseline
     if args.drafter:
         from headstart.eval.serving.check import engine_args
 
         drafter = {"method": args.method, "model": args.drafter, "num_speculative_tokens": args.k}
-        folder = engine_args(
-            args.method, args.drafter
-        )  # what the exported folder needs, as in the serve check
+        # what the exported folder needs, as in the serve check
+        folder = engine_args(args.method, args.drafter)
         out["drafter"] = {"speculative_config": drafter} | folder
         if args.hybrid:
             served = drafter | {"num_speculative_tokens": args.served} | local_argmax(drafter)

@@ -269,8 +269,8 @@ def _lookup_first(
     """A step's drafts, per batch row: the lookup chain when long enough, else the drafter's first
     `drafter_tokens`, the drafter run (`run_drafter(d)` -> rows of d drafts) only when some row needs it. A
     `stateful` drafter (a KV cache that follows every step: EAGLE, a draft model) runs every step: its first pass
-    and no draft (d = 0) when no row needs its drafts. A row that sampled nothing this step (mid-prefill) drafts nothing, as in vLLM's
-    `ngram`. `pending`: the batch's token rows do not hold this step's sampled tokens yet (vLLM drafts with EAGLE
+    and no draft (d = 0) when no row needs its drafts. A row that sampled nothing this step (mid-prefill) drafts
+    nothing, as in vLLM's `ngram`. `pending`: the batch's token rows do not hold this step's sampled tokens yet (vLLM drafts with EAGLE
     before its bookkeeping), so each context is its row plus them."""
     cfg, batch = runner._headstart_lookup, runner.input_batch
     d = k if cfg["drafter_tokens"] is None else cfg["drafter_tokens"]
