@@ -145,6 +145,11 @@ class EvalConfig:
                 f"draft_weights=int8 with device={self.device}: the int8 kernel runs on CPU only. "
                 "Fix: draft_weights=auto (int8 on CPU, as trained on a GPU) or native"
             )
+        if self.draft_weights == "int8" and self.draft:
+            raise EvalError(
+                f"draft_weights=int8 with draft={self.draft}: int8 layers apply to a checkpoint's drafter; a draft "
+                "model named by draft= decodes as loaded. Fix: draft_weights=auto, or train it into a checkpoint"
+            )
         if not (self.device in ("auto", "cpu", "mps") or self.device.split(":")[0] == "cuda"):
             raise EvalError(f"device={self.device!r}: expected auto, cpu, cuda or cuda:N")
         free = baseline_methods()
