@@ -69,8 +69,9 @@ class EvalConfig:
     # both); with the user's tree or tuner.mode=off the branch is this long
     lookup_tokens: int = 0
     draft: str = ""  # method=draft: the draft model (Hub id, folder or .gguf), same tokenizer as the target
-    # a trained drafter's layers on CPU: auto = int8 weights where the drafter names them (models/int8.py: the draft
-    # step reads half the bytes; decoding stays lossless) and as trained on a GPU | int8 (CPU only) | native
+    # a trained drafter's layers on CPU: auto = int8 weights where the drafter names them and the kernel times
+    # faster than the trained weights on this CPU (models/int8.py: half the bytes where bf16 is native; slower on
+    # AVX2 in float32; decoding stays lossless either way), as trained on a GPU | int8 (CPU only) | native
     draft_weights: str = "auto"
     # the target's plain and verify steps (eval/engine/compiled.py): eager | auto (compiled where inductor runs)
     # | max-autotune | hardware (auto on a CPU computing float32, eager elsewhere; said at start). Vanilla runs
@@ -143,7 +144,7 @@ class EvalConfig:
         if self.draft_weights == "int8" and self.device.split(":")[0] not in ("auto", "cpu"):
             raise EvalError(
                 f"draft_weights=int8 with device={self.device}: the int8 kernel runs on CPU only. "
-                "Fix: draft_weights=auto (int8 on CPU, as trained on a GPU) or native"
+                "Fix: draft_weights=auto (int8 on CPU where it times faster, as trained on a GPU) or native"
             )
         if self.draft_weights == "int8" and self.draft:
             raise EvalError(

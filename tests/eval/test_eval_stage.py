@@ -117,9 +117,12 @@ def test_sampling_reports_no_greedy_match(ckpt, prompt_file, tmp_path):
 
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
-def test_eagle_checkpoints_are_scored(prompt_file, tmp_path, method):
+def test_eagle_checkpoints_are_scored(prompt_file, tmp_path, method, monkeypatch):
     """Both EAGLE kinds go through the eval stage from their checkpoint (their drafter is loaded)."""
     from headstart.eval.stage.evaluate import run
+    from headstart.models import int8
+
+    monkeypatch.setattr(int8, "time_projection", lambda linear: (1.0, 0.5))  # as where int8 times faster
     from headstart.models.eagle_config import Eagle3Config, EagleConfig
 
     backbone = load_backbone(VARIED)
@@ -129,7 +132,8 @@ def test_eagle_checkpoints_are_scored(prompt_file, tmp_path, method):
     )
     report = run(_cfg(ckpt, prompt_file, tmp_path / "out", limit_per_category=1, warmup=0))
     assert report["method"] == method and report["greedy_matches_vanilla"] == 1.0 and report["tau"] >= 1.0
-    # on CPU the drafter's layers are served in int8 (draft_weights=auto), and the tuned settings say so
+    # on a CPU where int8 times faster the drafter's layers are served in int8 (draft_weights=auto), and the tuned
+    # settings say so
     assert report["decoding"]["draft_weights"] == "int8"
     assert read_decoding(ckpt)["conditions"]["draft_weights"] == "int8"
     assert "- drafter layers: int8 (draft_weights" in (tmp_path / "out" / "report.md").read_text()

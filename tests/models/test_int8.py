@@ -12,7 +12,8 @@ from headstart.eval.engine.decoder import Decoder
 from headstart.eval.engine.proposers import proposer_config
 from headstart.models.checkpoint import build_drafter
 from headstart.models.eagle_config import Eagle3Config, EagleConfig
-from headstart.models.int8 import Int8Linear, for_decoding, quantize_linears, weights_of
+from headstart.models import int8
+from headstart.models.int8 import Int8Linear, for_decoding, int8_pays, quantize_linears, weights_of
 from headstart.models.medusa import MedusaConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -44,7 +45,13 @@ def test_only_linears_the_kernel_takes_are_replaced():
     assert quantize_linears(m, within=[m[1]]) == 1 and type(m[0]) is nn.Linear  # a named linear itself
 
 
-def test_modes(backbone):
+@pytest.fixture
+def int8_faster(monkeypatch):
+    """auto's timing says int8 pays (as on a CPU with native bf16)."""
+    monkeypatch.setattr(int8, "time_projection", lambda linear: (1.0, 0.5))
+
+
+def test_modes(backbone, int8_faster):
     d = build_drafter("eagle3", Eagle3Config(draft_vocab_size=259), backbone)
     assert for_decoding(d, "cpu", "native") == "native" and weights_of(d) == "native"
     assert for_decoding(d, "cuda", "auto") == "native"  # a GPU keeps the trained weights
@@ -58,6 +65,29 @@ def test_modes(backbone):
     assert for_decoding(medusa, "cpu", "auto") == "native"
     with pytest.raises(ValueError, match="MedusaHeads has no layers served in int8. Fix: draft_weights=auto"):
         for_decoding(medusa, "cpu", "int8")
+
+
+def test_auto_keeps_the_trained_weights_where_int8_is_slower(backbone, monkeypatch, caplog):
+    """As on an AVX2-only CPU computing float32, where the int8 kernel took 3-11x the time."""
+    calls = []
+    monkeypatch.setattr(int8, "time_projection", lambda linear: calls.append(linear) or (1.0, 3.0))
+    d = build_drafter("eagle3", Eagle3Config(draft_vocab_size=259), backbone)
+    with caplog.at_level("INFO", logger="headstart.eval"):
+        assert for_decoding(d, "cpu", "auto") == "native" and weights_of(d) == "native"
+    layers = [m for t in d.int8_modules() for m in t.modules() if type(m) is nn.Linear]
+    assert calls == [d.lm_head] and all(m.weight.numel() <= d.lm_head.weight.numel() for m in layers)
+    assert "draft_weights=auto: native (one row through the 259 x" in caplog.text and "int8 3.00x" in caplog.text
+    assert for_decoding(d, "cpu", "int8") == "int8"  # asked for explicitly: quantized all the same
+    pays, why = int8_pays([])
+    assert not pays and why == "no layer the kernel takes"
+
+
+def test_the_timing_is_real():
+    lin = nn.Linear(64, 128)
+    native, quantized = int8.time_projection(lin)
+    assert 0 < native < 1 and 0 < quantized < 1
+    pays, why = int8_pays([nn.Linear(64, 8), lin])
+    assert isinstance(pays, bool) and why.startswith("one row through the 128 x 64 layer: int8 ")
 
 
 def _perturbed(drafter):
@@ -90,7 +120,7 @@ def test_int8_drafters_decode_losslessly(backbone, method):
         assert isinstance(d.lm_head, Int8Linear)
 
 
-def test_an_int8_draft_model_decodes_losslessly(backbone):
+def test_an_int8_draft_model_decodes_losslessly(backbone, int8_faster):
     """A DistillSpec draft LM: every projection in int8, the tied lm_head as its own int8 copy, the input
     embedding as trained; the backbone's dtype, device and vocabulary still read without dequantizing."""
     from headstart.models.backbone import Backbone
