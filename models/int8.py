@@ -131,7 +131,10 @@ def int8_pays(layers: list[nn.Linear]) -> tuple[bool, str]:
     native, int8 = time_projection(big)
     ratio = int8 / native
     shape = f"{big.out_features} x {big.in_features}"
-    return ratio <= MIN_GAIN, f"one row through the {shape} layer: int8 {ratio:.2f}x the time of {big.weight.dtype}"
+    return (
+        ratio <= MIN_GAIN,
+        f"one row through the {shape} layer: int8 {ratio:.2f}x the time of {big.weight.dtype}",
+    )
 
 
 @torch.inference_mode()

@@ -10,9 +10,9 @@ from torch import nn
 
 from headstart.eval.engine.decoder import Decoder
 from headstart.eval.engine.proposers import proposer_config
+from headstart.models import int8
 from headstart.models.checkpoint import build_drafter
 from headstart.models.eagle_config import Eagle3Config, EagleConfig
-from headstart.models import int8
 from headstart.models.int8 import Int8Linear, for_decoding, int8_pays, quantize_linears, weights_of
 from headstart.models.medusa import MedusaConfig
 
@@ -76,7 +76,9 @@ def test_auto_keeps_the_trained_weights_where_int8_is_slower(backbone, monkeypat
         assert for_decoding(d, "cpu", "auto") == "native" and weights_of(d) == "native"
     layers = [m for t in d.int8_modules() for m in t.modules() if type(m) is nn.Linear]
     assert calls == [d.lm_head] and all(m.weight.numel() <= d.lm_head.weight.numel() for m in layers)
-    assert "draft_weights=auto: native (one row through the 259 x" in caplog.text and "int8 3.00x" in caplog.text
+    assert (
+        "draft_weights=auto: native (one row through the 259 x" in caplog.text and "int8 3.00x" in caplog.text
+    )
     assert for_decoding(d, "cpu", "int8") == "int8"  # asked for explicitly: quantized all the same
     pays, why = int8_pays([])
     assert not pays and why == "no layer the kernel takes"
