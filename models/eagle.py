@@ -18,6 +18,10 @@ logits are lm_head_d(norm(h)) over a reduced draft vocabulary (d2t[i] = target_i
 Training-time test: step s feeds step s-1's output hidden as the feature (tokens shifted by one, positions +1),
 row t attending to step-0 rows <= t and to its own row of steps 1..s (SpecForge's mask);
 L = sum_s decay^s * softCE(p_target, p^_s), the target restricted to the draft vocabulary.
+With `hass_topk` K > 0 (both kinds), HASS's objective term: the target's top-K terms of each softCE again, with
+weight `hass_weight` (models/losses.py; the logged per-step loss is then the softCE against the reweighted
+table). HASS's other half, context alignment, is what EAGLE-3's training-time test already does: step s reads
+the target's features up to the row and the draft's own for the s tokens it drafted, as decoding does.
 
 Settings and the draft vocabulary: models/eagle_config.py; the unrolled attention and the teacher's table:
 models/eagle_ttt.py; the soft cross-entropy: models/chunked_ce.py.
@@ -46,7 +50,7 @@ from headstart.models.drafter import DrafterBase
 from headstart.models.eagle_config import Eagle3Config, EagleConfig, draft_layer_config, resolve_aux_layers
 from headstart.models.eagle_ttt import pack_rows, smooth_l1_sum, teacher_targets
 from headstart.models.feature_cache import cached_layers
-from headstart.models.losses import griffin_alive, loss_mix
+from headstart.models.losses import griffin_alive, hod_table, loss_mix
 
 __all__ = ["Eagle3Config", "EagleConfig", "EagleDrafter"]
 
@@ -305,6 +309,9 @@ class EagleDrafter(DrafterBase):
         probs, top = teacher_targets(
             target[need], w_t, self.cfg.loss_chunk, compute_dtype(target), self._softcap
         )
+        scale = None  # HASS: the table's top-K terms counted 1 + hass_weight times (models/losses.py)
+        if self.cfg.hass_topk:
+            probs, scale = hod_table(probs, self.cfg.hass_topk, self.cfg.hass_weight)
         x, at = [], []
         for s, h in enumerate(hs):
             rows = trained[s] if s == 0 or order is None else trained[s].gather(1, order)  # h's layout
@@ -318,7 +325,7 @@ class EagleDrafter(DrafterBase):
             greedy is not None and self.truncated
         ):  # held out: a full-vocabulary argmax outside the map is a miss
             oov = target_to_draft(self.token_map, self.vocab_size)[greedy[need]] < 0  # (table rows,)
-        loss, seg_loss, hist, oov_n = self._token_loss(x, at, trained, probs, top, oov)
+        loss, seg_loss, hist, oov_n = self._token_loss(x, at, trained, probs, top, oov, scale)
         if not self.v3:  # EAGLE-1: plus the feature regression
             loss = loss + self.cfg.w_feat * smooth_l1_sum(
                 hs[0][trained[0]], _shifted(target, 0, 0.0)[trained[0]]
@@ -336,11 +343,12 @@ class EagleDrafter(DrafterBase):
             metrics["sim_tau_sum"] = self.simulated_tau(g, ids, greedy, valid, trained[0])
         return loss, trained[0].sum(), metrics
 
-    def _token_loss(self, x, at, trained, probs, top, oov):
+    def _token_loss(self, x, at, trained, probs, top, oov, scale=None):
         """Every step's rows x[s] (N_s, H) against the teacher's table rows at[s] -> (weighted loss, per-step
         loss sums, per-step rank histograms, per-step counts of rows whose teacher argmax is outside a
         truncated vocabulary or None). One projection call for all steps (cast once, one gradient buffer);
-        with GRIFFIN's mask one per step, each step's row weights zeroed where an earlier step missed."""
+        with GRIFFIN's mask one per step, each step's row weights zeroed where an earlier step missed.
+        `scale` (table rows,): a weight per teacher row (HASS's `hod_table`), on top of the step's."""
         steps, w_s = len(x), self.head_weight()
         base = [self.cfg.decay**s if self.v3 else self.cfg.w_tok for s in range(steps)]
         segments, segs = steps, [torch.full_like(a, s) for s, a in enumerate(at)]
@@ -351,6 +359,8 @@ class EagleDrafter(DrafterBase):
         if not (self.v3 and self.cfg.griffin_mask):
             weight = torch.cat([torch.full(a.shape, base[s]) for s, a in enumerate(at)]).to(device)
             at_all = torch.cat(at)
+            if scale is not None:
+                weight = weight * scale[at_all]
             loss, seg_loss, hist = linear_soft_cross_entropy(
                 torch.cat(x), w_s, probs, top[at_all], chunk, at_all, torch.cat(segs), segments, weight, **kw
             )
@@ -360,6 +370,8 @@ class EagleDrafter(DrafterBase):
             for s in range(steps):
                 hits = torch.empty(len(at[s]), dtype=torch.bool, device=device)
                 weight = base[s] * alive[trained[s]].to(torch.float32)
+                if scale is not None:
+                    weight = weight * scale[at[s]]
                 parts = linear_soft_cross_entropy(
                     x[s], w_s, probs, top[at[s]], chunk, at[s], segs[s], segments, weight, hits_out=hits, **kw
                 )

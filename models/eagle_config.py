@@ -31,9 +31,14 @@ class EagleConfig:  # EAGLE-1/2
     # against the teacher's distribution; 1/0 = EAGLE's soft CE, 0/1 = the LK loss, both > 0 = the hybrid
     ce_weight: float = 1.0
     lk_weight: float = 0.0
+    # HASS's harmonized objective distillation (models/losses.py): the teacher's top-K terms of the soft
+    # cross-entropy added again with weight hass_weight; hass_topk 0 = off
+    hass_topk: int = 0
+    hass_weight: float = 1.0
 
     def __post_init__(self) -> None:
         loss_mix(self)
+        check_hass(self)
         if self.draft_vocab_size < 0 or not 0 <= self.min_coverage <= 1:
             raise ValueError(
                 "method.draft_vocab_size must be >= 0 (0 = full) and method.min_coverage in [0, 1]"
@@ -69,9 +74,14 @@ class Eagle3Config:
     # steps 1.. run only on the rows some step >= 1 trains (not the prompt); step 0 still runs on every row,
     # whose keys later steps read. Exact: the same loss and gradients, fewer rows through the layer
     skip_prompt_rows: bool = False
+    # HASS's harmonized objective distillation (models/losses.py): the teacher's top-K terms of the soft
+    # cross-entropy added again with weight hass_weight; hass_topk 0 = off
+    hass_topk: int = 0
+    hass_weight: float = 1.0
 
     def __post_init__(self) -> None:
         loss_mix(self)
+        check_hass(self)
         if not 1 <= self.ttt_steps <= 16:
             raise ValueError(
                 f"method.ttt_steps={self.ttt_steps}: must be in 1..16. Fix: method.ttt_steps=3 (the default) "
@@ -91,6 +101,22 @@ class Eagle3Config:
         if self.noise < 0 or self.sim_steps < 1 or self.loss_chunk < 1:
             raise ValueError("method.noise must be >= 0, method.sim_steps and method.loss_chunk >= 1")
         check_hidden_cache(self)
+
+
+def check_hass(cfg) -> None:
+    """HASS's top-K term: K >= 0, a positive weight, and not beside the LK loss (which would read the
+    reweighted teacher table as the target's distribution)."""
+    if cfg.hass_topk < 0 or cfg.hass_weight <= 0:
+        raise ValueError(
+            f"method.hass_topk={cfg.hass_topk}, method.hass_weight={cfg.hass_weight}: need K >= 0 (0 = off) and "
+            "a weight > 0. Fix: method.hass_topk=10 method.hass_weight=1.0 (the HASS paper's), or hass_topk=0"
+        )
+    if cfg.hass_topk and cfg.lk_weight:
+        raise ValueError(
+            f"method.hass_topk={cfg.hass_topk} with method.lk_weight={cfg.lk_weight}: HASS's top-K term is a "
+            "cross-entropy on the teacher's top tokens and the LK term would read its reweighted table as the "
+            "target's distribution. Fix: method.lk_weight=0, or method.hass_topk=0"
+        )
 
 
 def resolve_aux_layers(cfg: Eagle3Config, num_layers: int) -> tuple[int, ...]:

@@ -21,6 +21,16 @@ are the readable references (full (N, V) tensors) the chunked kernel is tested a
 GRIFFIN (Hu et al. 2025, "GRIFFIN: Effective Token Alignment for Faster Speculative Decoding", Sec. 3.2):
 step s of the training-time-test unroll is only ever run at serve time where steps 0..s-1 drafted the
 target's token, so `griffin_alive` masks step s's loss where an earlier step missed.
+
+HASS's harmonized objective distillation (Zhang et al. 2025, "Learning Harmonized Representations for
+Speculative Sampling", Sec. 3.1): a tree drafts the draft's top-k tokens, so what decoding needs is the target's
+top tokens ranked right, and the objective adds the target's top-K terms of the cross-entropy once more:
+
+    L = CE(p, q) + w * L_topK,      L_topK = -sum_{v in topK(p)} p_v log q_v
+
+Both are cross-entropies against p's mass, so L = (1 + w m) * CE(p', q) with m = sum_{v in topK(p)} p_v and
+p' = (p + w p * [v in topK(p)]) / (1 + w m), a distribution again: `hod_table` turns the teacher's table into
+p' and a per-row weight 1 + w m, and the chunked soft cross-entropy computes L unchanged.
 """
 
 from __future__ import annotations
@@ -88,3 +98,22 @@ def griffin_alive(alive: torch.Tensor, hit: torch.Tensor, known: torch.Tensor) -
     -> (N,) bool for the next step. A row without a target here (a prompt token, which serving never drafts)
     stays as it was."""
     return alive & (hit | ~known)
+
+
+def top_k_mask(p: torch.Tensor, k: int) -> torch.Tensor:
+    """(N, V) probabilities -> (N, V) bool, True on each row's k most probable entries (all of them when k >= V)."""
+    k = min(k, p.shape[-1])
+    return torch.zeros_like(p, dtype=torch.bool).scatter_(-1, p.topk(k, dim=-1).indices, True)
+
+
+def top_k_loss(logits: torch.Tensor, p: torch.Tensor, k: int) -> torch.Tensor:
+    """logits (N, V) of the draft, p (N, V) target probabilities -> (N,) HASS's -sum_{v in topK(p)} p_v log q_v."""
+    return -(p * top_k_mask(p, k) * torch.log_softmax(logits, -1)).sum(-1)
+
+
+def hod_table(p: torch.Tensor, k: int, weight: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, V) target probabilities -> (p' (N, V), row weight (N,)) with row weight * CE(p', q) = CE(p, q) +
+    weight * top_k_loss(q, p, k) for every q: p' = (p + weight * p on its top k) / (1 + weight * their mass)."""
+    top = p * top_k_mask(p, k)
+    scale = 1.0 + weight * top.sum(-1, dtype=torch.float32)  # (N,)
+    return ((p + weight * top) / scale[:, None].to(p.dtype)).to(p.dtype), scale

@@ -148,3 +148,65 @@ def test_the_lk_mix_is_linear_in_its_weights_and_bounded(backbone, cls):
         assert 0 <= m[f"head{s}/loss_sum"] <= m[f"head{s}/n"]
     with pytest.raises(ValueError, match="ce_weight"):
         cls(ce_weight=-1.0)
+
+
+@pytest.mark.parametrize("griffin", [False, True])
+def test_hass_adds_the_teachers_top_k_terms_to_every_step(backbone, griffin):
+    """Reference: the same unroll, every step's logits in full, decay**s * (softCE + w * top-K CE) per row
+    (with GRIFFIN's mask, only where the earlier steps drafted the teacher's argmax)."""
+    from headstart.models.losses import top_k_loss
+
+    batch = _batch()
+    common = {
+        "ttt_steps": 3,
+        "draft_vocab_size": 64,
+        "decay": 0.5,
+        "recompute": False,
+        "griffin_mask": griffin,
+    }
+    d, loss, metrics, _ = _run(
+        backbone, Eagle3Config(hass_topk=4, hass_weight=0.6, **common), batch, grads=False
+    )
+    ids, labels = batch["input_ids"], batch["labels"]
+    final, aux = backbone(ids, batch["attention_mask"], layers=d.aux_layers)
+    with torch.no_grad():
+        g = d.fuse(aux)[:, :-1]
+        valid = batch["attention_mask"][:, 1:].bool()
+        t = g.shape[1]
+
+        def shifted(x, s, fill):
+            return torch.cat([x[:, 1 + s :], x.new_full((x.shape[0], s), fill)], 1)
+
+        hs = d.unroll(g, ids[:, 1:], valid, 3, lambda s: shifted(ids, s, 0))
+        teacher, _ = teacher_targets(
+            final.reshape(-1, final.shape[-1]), d._frozen[1].weight[d.draft_ids()], 7, torch.float32
+        )
+        teacher = teacher.view(2, -1, teacher.shape[-1])
+        alive, ref = torch.ones(2, t, dtype=torch.bool), 0.0
+        for s, h in enumerate(hs):
+            known = shifted(labels, s + 1, -100) != -100
+            p = torch.cat([teacher[:, 1 + s :], teacher[:, :s]], 1)[:, :t]
+            logits = d.head_input(h) @ d.lm_head.weight.T
+            row = soft_cross_entropy(logits[known], p[known]) + 0.6 * top_k_loss(logits[known], p[known], 4)
+            ref = ref + 0.5**s * (row * (alive[known] if griffin else 1)).sum()
+            hit = logits.argmax(-1) == p.argmax(-1)
+            alive = alive & (hit | ~known)
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
+    off = _run(backbone, Eagle3Config(**common), batch, grads=False)
+    assert loss > off[1]  # the top-K terms add to the loss
+    for s in range(3):  # what the steps rank is the teacher's argmax either way: the same histograms
+        assert torch.equal(metrics[f"head{s}/rank_hist"], off[2][f"head{s}/rank_hist"])
+
+
+def test_hass_on_eagle1_and_its_refusals(backbone):
+    batch = _batch()
+    extra = {"w_feat": 0.0, "noise": 0.0, "w_tok": 1.0}
+    _, ce, _, _ = _run(backbone, EagleConfig(**extra), batch, train=False, grads=False)
+    _, hass, _, grads = _run(backbone, EagleConfig(hass_topk=1, hass_weight=2.0, **extra), batch, train=False)
+    assert hass > ce and grads  # trains: gradients reach the drafter
+    with pytest.raises(ValueError, match="hass_topk=-1.*Fix: method.hass_topk=10"):
+        Eagle3Config(hass_topk=-1)
+    with pytest.raises(ValueError, match="hass_weight=0.0"):
+        EagleConfig(hass_topk=10, hass_weight=0.0)
+    with pytest.raises(ValueError, match="hass_topk=10 with method.lk_weight=0.5.*Fix: method.lk_weight=0"):
+        Eagle3Config(hass_topk=10, lk_weight=0.5)

@@ -1,12 +1,21 @@
 """The acceptance-targeted (LK) objective: hand-worked values, its limits, and the chunked kernel against the
 full-tensor reference (models/losses.py, models/chunked_ce.py)."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from headstart.models.chunked_ce import linear_cross_entropy, linear_soft_cross_entropy
-from headstart.models.losses import LossMix, acceptance, griffin_alive, lk_loss, mixed_loss
+from headstart.models.losses import (
+    LossMix,
+    acceptance,
+    griffin_alive,
+    lk_loss,
+    mixed_loss,
+    soft_cross_entropy,
+)
 
 
 def test_acceptance_by_hand_and_its_limits():
@@ -109,3 +118,46 @@ def test_griffin_alive_by_hand():
     known = torch.tensor([True, True, False, True])
     # row 1 missed a known target; row 2 had no target (a prompt token) and stays; row 3 was already out
     assert griffin_alive(alive, hit, known).tolist() == [True, False, True, False]
+
+
+def test_top_k_loss_by_hand_and_its_limits():
+    from headstart.models.losses import top_k_loss, top_k_mask
+
+    p = torch.tensor([[0.5, 0.3, 0.2]], dtype=torch.float64)
+    q = torch.tensor([[0.25, 0.25, 0.5]], dtype=torch.float64)
+    assert top_k_mask(p, 2).tolist() == [[True, True, False]]
+    # -(0.5 log 0.25 + 0.3 log 0.25) = 0.8 log 4
+    torch.testing.assert_close(
+        top_k_loss(q.log(), p, 2), torch.tensor([0.8 * math.log(4)], dtype=torch.float64)
+    )
+    # K >= V: every term, i.e. the soft cross-entropy itself
+    torch.testing.assert_close(top_k_loss(q.log(), p, 7), soft_cross_entropy(q.log(), p))
+    # for a fixed p, smallest where q puts p's top-K mass in proportion: q = p restricted and renormalized
+    g = torch.Generator().manual_seed(0)
+    best = torch.tensor([[0.5, 0.3, 1e-9]], dtype=torch.float64) / 0.8
+    for _ in range(20):
+        other = torch.softmax(torch.randn(1, 3, generator=g, dtype=torch.float64), -1)
+        assert top_k_loss(other.log(), p, 2) >= top_k_loss(best.log(), p, 2)
+
+
+def test_the_hod_table_turns_ce_plus_top_k_into_one_weighted_ce():
+    from headstart.models.losses import hod_table, top_k_loss
+
+    g = torch.Generator().manual_seed(1)
+    p = torch.softmax(3 * torch.randn(5, 11, generator=g, dtype=torch.float64), -1)
+    z = torch.randn(5, 11, generator=g, dtype=torch.float64)
+    table, scale = hod_table(p, 3, 0.7)
+    torch.testing.assert_close(table.sum(-1), torch.ones(5, dtype=torch.float64))  # a distribution again
+    assert (table.argmax(-1) == p.argmax(-1)).all()  # the teacher's top token unchanged
+    want = soft_cross_entropy(z, p) + 0.7 * top_k_loss(z, p, 3)
+    torch.testing.assert_close(scale.double() * soft_cross_entropy(z, table), want)
+    # the chunked kernel with the table and the weight: the same sum, and the same gradient
+    x = torch.randn(5, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(11, 4, generator=g, dtype=torch.float64)
+    loss, _, _ = linear_soft_cross_entropy(x, w, table, p.argmax(-1), 2, row_weight=scale.double())
+    logits = x @ w.T
+    ref = (soft_cross_entropy(logits, p) + 0.7 * top_k_loss(logits, p, 3)).sum()
+    torch.testing.assert_close(loss, ref)
+    (gx,) = torch.autograd.grad(loss, x)
+    (rx,) = torch.autograd.grad(ref, x)
+    torch.testing.assert_close(gx, rx)
