@@ -17,9 +17,10 @@ kernel has no CUDA path, and on a GPU the draft step is bound by kernel
 launches, not bytes: there the weights stay as trained.
 
 On a CPU without native bf16 the same kernel is slower than the trained float32 weights: on a 2-core AVX2-only
-AMD EPYC, one row through a (16,384 x 576) projection took 7.7 ms in int8 vs 2.4 ms in float32, four rows 33.9 vs
-6.2 ms; the 0.5B draft LM's (4,864 x 896) MLP rows 2.9 vs 0.7 ms. So `auto` times the drafter's largest layer
-both ways on the device before it quantizes anything, and keeps int8 only where it is faster (`int8_pays`).
+AMD EPYC, one row through a (16,384 x 576) projection took 4.45 ms in int8 vs 2.18 ms in float32, the 0.5B draft
+LM's (4,864 x 896) MLP rows 2.05 vs 0.45 ms, and an EAGLE-3 draft step 40.8 vs 12.6 ms (docs/results.md). So
+`auto` times the drafter's largest layer both ways on the device before it quantizes anything, and keeps int8
+only where it is faster (`int8_pays`).
 
     mode: "auto" (int8 on CPU where it times faster, as trained elsewhere) | "int8" (CPU only) | "native"
 """
