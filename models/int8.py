@@ -108,19 +108,30 @@ def for_decoding(drafter: nn.Module, device: torch.device | str, mode: str = "au
     check_mode(mode, device)
     if mode == "native" or torch.device(device).type != "cpu":
         return weights_of(drafter)
-    targets = drafter.int8_modules()
+    return _quantize(drafter, drafter.int8_modules(), mode, f"a {type(drafter).__name__}")
+
+
+def for_draft_model(model: nn.Module, device: torch.device | str, mode: str = "auto") -> str:
+    """The same for a draft LM named by the user (an HF causal LM, not a checkpoint's drafter): every projection,
+    its lm_head included (a tied one gets its own int8 copy), as a DistillSpec draft's; its input embedding, read
+    a row a token, stays as loaded. -> "int8" | "native"."""
+    check_mode(mode, device)
+    if mode == "native" or torch.device(device).type != "cpu":
+        return weights_of(model)
+    return _quantize(model, [model], mode, "this draft model")
+
+
+def _quantize(module: nn.Module, targets: list[nn.Module], mode: str, what: str) -> str:
     if mode == "int8" and not targets:
-        raise ValueError(
-            f"draft_weights=int8: a {type(drafter).__name__} has no layers served in int8. Fix: draft_weights=auto"
-        )
+        raise ValueError(f"draft_weights=int8: {what} has no layers served in int8. Fix: draft_weights=auto")
     if mode == "auto":
         layers = [m for t in targets for m in t.modules() if quantizable(m)]
         pays, why = int8_pays(layers)
         log.info("draft_weights=auto: %s (%s)", "int8" if pays else "native", why)
         if not pays:
-            return weights_of(drafter)
-    quantize_linears(drafter, targets)
-    return weights_of(drafter)
+            return weights_of(module)
+    quantize_linears(module, targets)
+    return weights_of(module)
 
 
 def int8_pays(layers: list[nn.Linear]) -> tuple[bool, str]:

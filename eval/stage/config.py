@@ -69,7 +69,7 @@ class EvalConfig:
     # both); with the user's tree or tuner.mode=off the branch is this long
     lookup_tokens: int = 0
     draft: str = ""  # method=draft: the draft model (Hub id, folder or .gguf), same tokenizer as the target
-    # a trained drafter's layers on CPU: auto = int8 weights where the drafter names them and the kernel times
+    # a trained drafter's layers (or draft='s model) on CPU: auto = int8 weights where the drafter names them and the kernel times
     # faster than the trained weights on this CPU (models/int8.py: half the bytes where bf16 is native; slower on
     # AVX2 in float32; decoding stays lossless either way), as trained on a GPU | int8 (CPU only) | native
     draft_weights: str = "auto"
@@ -145,11 +145,6 @@ class EvalConfig:
             raise EvalError(
                 f"draft_weights=int8 with device={self.device}: the int8 kernel runs on CPU only. "
                 "Fix: draft_weights=auto (int8 on CPU where it times faster, as trained on a GPU) or native"
-            )
-        if self.draft_weights == "int8" and self.draft:
-            raise EvalError(
-                f"draft_weights=int8 with draft={self.draft}: int8 layers apply to a checkpoint's drafter; a draft "
-                "model named by draft= decodes as loaded. Fix: draft_weights=auto, or train it into a checkpoint"
             )
         if not (self.device in ("auto", "cpu", "mps") or self.device.split(":")[0] == "cuda"):
             raise EvalError(f"device={self.device!r}: expected auto, cpu, cuda or cuda:N")

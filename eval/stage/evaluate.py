@@ -39,7 +39,7 @@ from headstart.models.backbone import Backbone, BackboneConfig, eos_token_ids, l
 from headstart.models.checkpoint import LoadedDrafter, find_checkpoints, load_drafter, step_of
 from headstart.models.decoding import branch_tokens
 from headstart.models.export.serve_card import find_serve_check
-from headstart.models.int8 import for_decoding
+from headstart.models.int8 import for_decoding, for_draft_model
 
 log = logging.getLogger("headstart.eval")
 
@@ -137,11 +137,14 @@ class Evaluator:
             )
         user = cfg.proposer_options()  # unset: the tuner's choice, else the proposer's default
         options = dict(user)
-        if cfg.draft:  # an HF draft model named on the command line
+        weights = None
+        if cfg.draft:  # an HF draft model named on the command line (this side alone decodes with it)
             dcfg = BackboneConfig(name="draft", path=cfg.draft, dtype=target.bcfg.dtype)
             options["draft_backbone"] = self.backbone(dcfg)
+            weights = for_draft_model(options["draft_backbone"].model, backbone.device, cfg.draft_weights)
         loaded = LoadedDrafter(*load_drafter(ckpt, backbone, meta), ckpt) if uses_drafter else None
-        weights = for_decoding(loaded.drafter, backbone.device, cfg.draft_weights) if loaded else None
+        if loaded:
+            weights = for_decoding(loaded.drafter, backbone.device, cfg.draft_weights)
         tuned = self.tune(method, backbone, loaded) if loaded is not None and not user else None
         settings = {
             "source": "tuner" if tuned else "user" if user else "default",

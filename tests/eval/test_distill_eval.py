@@ -98,3 +98,11 @@ def test_eval_cli_scores_a_distillspec_checkpoint_as_a_draft(tmp_path):
     # the same weights in the same dtype: the same proposals, so the same acceptance
     assert by_hf["tau"] == by_ckpt["tau"]
     assert by_hf["acceptance_by_position"] == by_ckpt["acceptance_by_position"]
+    assert by_hf["decoding"]["draft_weights"] == by_ckpt["decoding"]["draft_weights"] == "native"
+
+    # a draft named by draft= takes int8 layers too (asked for here; under auto where they time faster)
+    int8 = [a for a in common if a != "draft_weights=native"] + ["draft_weights=int8"]
+    res = cli([*int8, "method=draft", f"draft={hf}", f"out_dir={tmp_path / 'hf_int8'}"], tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    by_int8 = json.loads((tmp_path / "hf_int8" / "report.json").read_text())
+    assert by_int8["decoding"]["draft_weights"] == "int8" and by_int8["greedy_matches_vanilla"] == 1.0

@@ -380,7 +380,6 @@ def test_a_lookup_branch_rides_on_the_tuned_tree(ckpt, prompts, tmp_path):
     for kw, match in [
         ({"draft_weights": "int4"}, "draft_weights='int4'"),
         ({"draft_weights": "int8", "device": "cuda"}, "draft_weights=int8 with device=cuda.*Fix"),
-        ({"draft_weights": "int8", "method": "draft", "draft": "d"}, "draft_weights=int8 with draft=d.*Fix"),
         ({"lookup_tokens": -1}, "lookup_tokens=-1"),
         ({"lookup_tokens": 2, "method": "prompt_lookup"}, "lookup_tokens=2 with method=prompt_lookup"),
     ]:

@@ -13,7 +13,14 @@ from headstart.eval.engine.proposers import proposer_config
 from headstart.models import int8
 from headstart.models.checkpoint import build_drafter
 from headstart.models.eagle_config import Eagle3Config, EagleConfig
-from headstart.models.int8 import Int8Linear, for_decoding, int8_pays, quantize_linears, weights_of
+from headstart.models.int8 import (
+    Int8Linear,
+    for_decoding,
+    for_draft_model,
+    int8_pays,
+    quantize_linears,
+    weights_of,
+)
 from headstart.models.medusa import MedusaConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -147,6 +154,29 @@ def test_an_int8_draft_model_decodes_losslessly(backbone, int8_faster):
     out = out.generate(prompt, 32)
     assert out.tokens == native.tokens == ref
     assert native.stats.tau > 3 and out.stats.tau > 3  # int8 rounding leaves the draft's argmaxes nearly all
+
+
+def test_a_draft_model_named_by_the_user_gets_the_same_choice(backbone, monkeypatch):
+    """draft=: an HF causal LM, not a checkpoint's drafter: every projection in int8 where it times faster, its
+    input embedding as loaded; still lossless as the draft of its target."""
+    import copy
+
+    from headstart.models.backbone import Backbone
+
+    model = copy.deepcopy(backbone.model)
+    monkeypatch.setattr(int8, "time_projection", lambda linear: (1.0, 3.0))
+    assert for_draft_model(model, "cpu", "auto") == "native" and weights_of(model) == "native"
+    assert for_draft_model(model, "cuda", "auto") == "native"
+    monkeypatch.setattr(int8, "time_projection", lambda linear: (1.0, 0.5))
+    assert for_draft_model(model, "cpu", "auto") == "int8"
+    assert isinstance(model.get_output_embeddings(), Int8Linear)
+    assert type(model.get_input_embeddings()) is nn.Embedding
+    prompt = list(range(40, 60))
+    ref = Decoder(backbone, "vanilla", max_cache_len=256).generate(prompt, 32).tokens
+    draft = Backbone(model, backbone.tokenizer, name="draft", freeze=False)
+    config = proposer_config("draft", num_draft_tokens=3, draft_backbone=draft)
+    out = Decoder(backbone, config, max_cache_len=256).generate(prompt, 32)
+    assert out.tokens == ref and out.stats.tau > 3  # int8 rounding leaves its own argmaxes nearly all
 
 
 def test_a_decoding_json_is_reused_only_for_the_weights_it_was_tuned_with(backbone):
