@@ -37,6 +37,32 @@ def _run(backbone, cfg, batch, train=True, grads=True):
     return d, loss.detach(), metrics, {k: p.grad for k, p in d.named_parameters() if p.grad is not None}
 
 
+def _steps_in_full(backbone, d, batch, steps: int) -> list:
+    """The reference for the step losses: the same unroll, every step's logits in full -> per step (known (B, T-1)
+    bool: the row has a target, p (B, T-1, Dv): the teacher at position t+1+s, logits (B, T-1, Dv))."""
+    ids = batch["input_ids"]
+    final, aux = backbone(ids, batch["attention_mask"], layers=d.aux_layers)
+    with torch.no_grad():
+        g = d.fuse(aux)[:, :-1]
+        valid = batch["attention_mask"][:, 1:].bool()
+        t = g.shape[1]
+
+        def shifted(x, s, fill):
+            return torch.cat([x[:, 1 + s :], x.new_full((x.shape[0], s), fill)], 1)
+
+        hs = d.unroll(g, ids[:, 1:], valid, steps, lambda s: shifted(ids, s, 0))
+        teacher, _ = teacher_targets(
+            final.reshape(-1, final.shape[-1]), d._frozen[1].weight[d.draft_ids()], 7, torch.float32
+        )
+        teacher = teacher.view(2, -1, teacher.shape[-1])  # (B, T, Dv) at every position
+        out = []
+        for s, h in enumerate(hs):
+            known = shifted(batch["labels"], s + 1, -100) != -100
+            p = torch.cat([teacher[:, 1 + s :], teacher[:, :s]], 1)[:, :t]  # (wrapped rows unused)
+            out.append((known, p, d.head_input(h) @ d.lm_head.weight.T))
+    return out
+
+
 def test_pack_rows_by_hand():
     live = torch.tensor([[False, True, False, True], [False, False, False, True]])
     # live positions first, in order; the second sequence is padded with its first other position
@@ -92,33 +118,14 @@ def test_griffin_masks_steps_after_a_miss(backbone):
     batch = _batch()
     cfg = Eagle3Config(ttt_steps=3, draft_vocab_size=64, decay=0.5, griffin_mask=True, recompute=False)
     d, loss, metrics, _ = _run(backbone, cfg, batch, train=True, grads=False)
-    ids, labels = batch["input_ids"], batch["labels"]
-    final, aux = backbone(ids, batch["attention_mask"], layers=d.aux_layers)
-    with torch.no_grad():
-        g = d.fuse(aux)[:, :-1]
-        valid = batch["attention_mask"][:, 1:].bool()
-        t = g.shape[1]
-
-        def shifted(x, s, fill):
-            return torch.cat([x[:, 1 + s :], x.new_full((x.shape[0], s), fill)], 1)
-
-        hs = d.unroll(g, ids[:, 1:], valid, 3, lambda s: shifted(ids, s, 0))
-        teacher, _ = teacher_targets(
-            final.reshape(-1, final.shape[-1]), d._frozen[1].weight[d.draft_ids()], 7, torch.float32
-        )
-        teacher = teacher.view(2, -1, teacher.shape[-1])  # (B, T, Dv) at every position
-        alive, ref, masked = torch.ones(2, t, dtype=torch.bool), 0.0, 0
-        for s, h in enumerate(hs):
-            known = shifted(labels, s + 1, -100) != -100
-            p = torch.cat([teacher[:, 1 + s :], teacher[:, :s]], 1)[
-                :, :t
-            ]  # position t+1+s (wrapped rows unused)
-            logits = d.head_input(h) @ d.lm_head.weight.T
-            ce = soft_cross_entropy(logits[known], p[known])
-            ref = ref + 0.5**s * (ce * alive[known]).sum()
-            masked += int((known & ~alive).sum())
-            hit = logits.argmax(-1) == p.argmax(-1)
-            alive = alive & (hit | ~known)
+    alive, ref, masked = None, 0.0, 0
+    for s, (known, p, logits) in enumerate(_steps_in_full(backbone, d, batch, 3)):
+        alive = torch.ones_like(known) if alive is None else alive
+        ce = soft_cross_entropy(logits[known], p[known])
+        ref = ref + 0.5**s * (ce * alive[known]).sum()
+        masked += int((known & ~alive).sum())
+        hit = logits.argmax(-1) == p.argmax(-1)
+        alive = alive & (hit | ~known)
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
     assert masked > 0  # a fresh drafter misses: the mask did something
     # the logged per-step sums stay unmasked (comparable across objectives)
@@ -167,30 +174,13 @@ def test_hass_adds_the_teachers_top_k_terms_to_every_step(backbone, griffin):
     d, loss, metrics, _ = _run(
         backbone, Eagle3Config(hass_topk=4, hass_weight=0.6, **common), batch, grads=False
     )
-    ids, labels = batch["input_ids"], batch["labels"]
-    final, aux = backbone(ids, batch["attention_mask"], layers=d.aux_layers)
-    with torch.no_grad():
-        g = d.fuse(aux)[:, :-1]
-        valid = batch["attention_mask"][:, 1:].bool()
-        t = g.shape[1]
-
-        def shifted(x, s, fill):
-            return torch.cat([x[:, 1 + s :], x.new_full((x.shape[0], s), fill)], 1)
-
-        hs = d.unroll(g, ids[:, 1:], valid, 3, lambda s: shifted(ids, s, 0))
-        teacher, _ = teacher_targets(
-            final.reshape(-1, final.shape[-1]), d._frozen[1].weight[d.draft_ids()], 7, torch.float32
-        )
-        teacher = teacher.view(2, -1, teacher.shape[-1])
-        alive, ref = torch.ones(2, t, dtype=torch.bool), 0.0
-        for s, h in enumerate(hs):
-            known = shifted(labels, s + 1, -100) != -100
-            p = torch.cat([teacher[:, 1 + s :], teacher[:, :s]], 1)[:, :t]
-            logits = d.head_input(h) @ d.lm_head.weight.T
-            row = soft_cross_entropy(logits[known], p[known]) + 0.6 * top_k_loss(logits[known], p[known], 4)
-            ref = ref + 0.5**s * (row * (alive[known] if griffin else 1)).sum()
-            hit = logits.argmax(-1) == p.argmax(-1)
-            alive = alive & (hit | ~known)
+    alive, ref = None, 0.0
+    for s, (known, p, logits) in enumerate(_steps_in_full(backbone, d, batch, 3)):
+        alive = torch.ones_like(known) if alive is None else alive
+        row = soft_cross_entropy(logits[known], p[known]) + 0.6 * top_k_loss(logits[known], p[known], 4)
+        ref = ref + 0.5**s * (row * (alive[known] if griffin else 1)).sum()
+        hit = logits.argmax(-1) == p.argmax(-1)
+        alive = alive & (hit | ~known)
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
     off = _run(backbone, Eagle3Config(**common), batch, grads=False)
     assert loss > off[1]  # the top-K terms add to the loss
