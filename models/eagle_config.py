@@ -109,7 +109,7 @@ def check_hass(cfg) -> None:
     if cfg.hass_topk < 0 or cfg.hass_weight <= 0:
         raise ValueError(
             f"method.hass_topk={cfg.hass_topk}, method.hass_weight={cfg.hass_weight}: need K >= 0 (0 = off) and "
-            "a weight > 0. Fix: method.hass_topk=10 method.hass_weight=1.0 (the HASS paper's), or hass_topk=0"
+            "a weight > 0. Fix: method.hass_topk=10 method.hass_weight=1.0, or method.hass_topk=0"
         )
     if cfg.hass_topk and cfg.lk_weight:
         raise ValueError(

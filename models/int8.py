@@ -105,23 +105,20 @@ def for_decoding(drafter: nn.Module, device: torch.device | str, mode: str = "au
     """Quantize, in place, the layers the drafter names (`int8_modules()`) for decoding on `device` ->
     "int8" when any layer now is, else "native". Call it on a drafter loaded for decoding, never one
     being trained."""
-    check_mode(mode, device)
-    if mode == "native" or torch.device(device).type != "cpu":
-        return weights_of(drafter)
-    return _quantize(drafter, drafter.int8_modules(), mode, f"a {type(drafter).__name__}")
+    return _quantize(drafter, drafter.int8_modules(), device, mode, f"a {type(drafter).__name__}")
 
 
 def for_draft_model(model: nn.Module, device: torch.device | str, mode: str = "auto") -> str:
     """The same for a draft LM named by the user (an HF causal LM, not a checkpoint's drafter): every projection,
     its lm_head included (a tied one gets its own int8 copy), as a DistillSpec draft's; its input embedding, read
     a row a token, stays as loaded. -> "int8" | "native"."""
+    return _quantize(model, [model], device, mode, "this draft model")
+
+
+def _quantize(module: nn.Module, targets: list[nn.Module], device, mode: str, what: str) -> str:
     check_mode(mode, device)
     if mode == "native" or torch.device(device).type != "cpu":
-        return weights_of(model)
-    return _quantize(model, [model], mode, "this draft model")
-
-
-def _quantize(module: nn.Module, targets: list[nn.Module], mode: str, what: str) -> str:
+        return weights_of(module)
     if mode == "int8" and not targets:
         raise ValueError(f"draft_weights=int8: {what} has no layers served in int8. Fix: draft_weights=auto")
     if mode == "auto":

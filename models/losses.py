@@ -116,4 +116,4 @@ def hod_table(p: torch.Tensor, k: int, weight: float) -> tuple[torch.Tensor, tor
     weight * top_k_loss(q, p, k) for every q: p' = (p + weight * p on its top k) / (1 + weight * their mass)."""
     top = p * top_k_mask(p, k)
     scale = 1.0 + weight * top.sum(-1, dtype=torch.float32)  # (N,)
-    return ((p + weight * top) / scale[:, None].to(p.dtype)).to(p.dtype), scale
+    return (p + weight * top) / scale[:, None].to(p.dtype), scale

@@ -69,9 +69,10 @@ class EvalConfig:
     # both); with the user's tree or tuner.mode=off the branch is this long
     lookup_tokens: int = 0
     draft: str = ""  # method=draft: the draft model (Hub id, folder or .gguf), same tokenizer as the target
-    # a trained drafter's layers (or draft='s model) on CPU: auto = int8 weights where the drafter names them and the kernel times
-    # faster than the trained weights on this CPU (models/int8.py: half the bytes where bf16 is native; slower on
-    # AVX2 in float32; decoding stays lossless either way), as trained on a GPU | int8 (CPU only) | native
+    # a trained drafter's layers (or draft='s model) on CPU: auto = int8 weights where the drafter names them and
+    # the kernel times faster than the trained weights on this CPU (models/int8.py: half the bytes where bf16 is
+    # native; slower on AVX2 in float32; decoding stays lossless either way), as trained on a GPU | int8 (CPU
+    # only) | native
     draft_weights: str = "auto"
     # the target's plain and verify steps (eval/engine/compiled.py): eager | auto (compiled where inductor runs)
     # | max-autotune | hardware (auto on a CPU computing float32, eager elsewhere; said at start). Vanilla runs
