@@ -4,6 +4,9 @@ Decoding Heads", Sec. 2.1.1): K heads on the frozen backbone's last hidden state
     p_t^(k) = softmax(W2^(k) (h + SiLU(W1^(k) h + b1^(k))))        (one residual block; L of them stacked)
 
 where head k (k = 0..K-1 here) predicts token t+k+2, i.e. k+1 places beyond the backbone's own next token.
+With `root_token` every head reads h_t + W e(x_{t+1}) instead of h_t: that next token (the root of the draft
+tree, the backbone's own choice) through the frozen input embedding e and a zero-initialised W (Hydra, Ankner et
+al. 2024, "Sequentially-Dependent Draft Heads for Medusa Decoding": its dependence on the root only).
 Loss (Eq. 1): sum_k decay^k * CE_k, computed with the chunked linear cross-entropy (no K x N x V logits).
 Options (models/losses.py): the acceptance-targeted LK objective or its CE hybrid (`ce_weight`, `lk_weight`),
 and `soft_targets`: head k's row t trains on the backbone's own distribution for token t+k+2, i.e. its
@@ -53,6 +56,12 @@ class MedusaConfig:
     # Train head k on the backbone's distribution at position t+k+1 (renormalised over the draft vocabulary)
     # instead of the data's token t+k+2; the rows trained stay those with a (draftable) label
     soft_targets: bool = False
+    # The heads also read the root, the backbone's own next token x_{t+1} (known before drafting): their input
+    # is h_t + W e(x_{t+1}), e the frozen input embedding, W zero-initialised (so fresh heads are Medusa's).
+    # Hydra's sequential dependence (Ankner et al. 2024), its first step: head k no longer guesses the token
+    # it is drafting after. Served by headstart's decoder; the Medusa repo's and vLLM's Medusa read h_t only,
+    # so the export refuses these heads
+    root_token: bool = False
 
     def __post_init__(self) -> None:
         loss_mix(self)
@@ -114,6 +123,27 @@ class MedusaHeads(DrafterBase):
             )
         )
         self._shared_lm_head: list[nn.Module] = []  # a list so the frozen module is not registered/saved
+        self.root_proj = nn.Linear(hidden_size, hidden_size, bias=False) if cfg.root_token else None
+        if self.root_proj is not None:
+            nn.init.zeros_(self.root_proj.weight)
+        self._embed: list[nn.Module] = []  # the backbone's input embedding (root_token): not registered/saved
+
+    def attach_embeddings(self, embed: nn.Module) -> None:
+        """Bind the backbone's (frozen) input embedding, which `root_token` heads read the root through."""
+        self._embed = [embed]
+
+    def read_root(self, hidden: torch.Tensor, root: torch.Tensor | None) -> torch.Tensor:
+        """hidden (..., H) in the blocks' dtype, root (...) token ids -> the heads' input: hidden itself, or with
+        `root_token` hidden + W e(root)."""
+        if self.root_proj is None:
+            return hidden
+        if root is None or not self._embed:
+            raise RuntimeError(
+                "root_token heads need the root token ids and the backbone's input embedding "
+                "(attach_embeddings(backbone.embed_tokens))"
+            )
+        weight = self.root_proj.weight
+        return hidden + self.root_proj(self._embed[0](root.to(self._embed[0].weight.device)).to(weight.dtype))
 
     def attach_lm_head(self, lm_head: nn.Module, init: bool = False) -> None:
         """Bind the backbone's lm_head: used directly when shared, else copied into each head when `init`
@@ -168,13 +198,21 @@ class MedusaHeads(DrafterBase):
         """hidden (..., H) -> K tensors (..., H), the inputs to each head's vocabulary projection."""
         return [block(hidden) for block in self.blocks]
 
-    def forward(self, hidden: torch.Tensor, labels: torch.Tensor | None = None, depth: int | None = None):
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        depth: int | None = None,
+        root: torch.Tensor | None = None,
+        input_ids: torch.Tensor | None = None,
+    ):
         """Without labels: hidden (..., H) -> logits (depth, ..., Dv) of the first `depth` heads (default all),
-        for decoding a few positions (over draft ids when truncated: `to_target` maps them). With labels: the
-        training loss (see `loss`); going through forward lets DDP/FSDP hook in."""
+        for decoding a few positions (over draft ids when truncated: `to_target` maps them); `root` (...) the
+        token each position's backbone chose next (read by `root_token` heads only). With labels: the training
+        loss (see `loss`; `input_ids` give the roots); going through forward lets DDP/FSDP hook in."""
         if labels is not None:
-            return self.loss(hidden, labels)
-        h = hidden.to(self.blocks_dtype)
+            return self.loss(hidden, labels, input_ids)
+        h = self.read_root(hidden.to(self.blocks_dtype), root)
         feats = torch.stack([block(h) for block in self.blocks[:depth]])  # (depth, ..., H)
         # cast the features, never the (V, H) weights: no per-step copy of the vocabulary projection
         if self.lm_heads is None:  # shared lm_head: one matmul reads the (Dv, H) weight once, not depth times
@@ -189,8 +227,11 @@ class MedusaHeads(DrafterBase):
             return p.dtype
         return self.head_weight(0).dtype
 
-    def loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
-        """hidden (B, T, H) from the frozen backbone; labels (B, T) = input ids on trained tokens, -100 elsewhere.
+    def loss(
+        self, hidden: torch.Tensor, labels: torch.Tensor, input_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """hidden (B, T, H) from the frozen backbone; labels (B, T) = input ids on trained tokens, -100 elsewhere;
+        input_ids (B, T): the roots `root_token` heads read (position t's is token t+1), else unused.
 
         Returns (weighted summed loss, number of head-0 targets, metrics as summed counts). The caller divides
         by the global head-0 target count (all ranks), so the loss is a per-token mean that does not depend on
@@ -212,7 +253,8 @@ class MedusaHeads(DrafterBase):
                 oov.append((valid & (target < 0)).sum())
                 valid = target >= 0
             h = hidden[:, :-shift][valid]  # (N_k, H) only rows that have a (draftable) target
-            feats.append(block(h.to(self.blocks_dtype)))
+            root = None if self.root_proj is None else input_ids[:, 1 : hidden.shape[1] - shift + 1][valid]
+            feats.append(block(self.read_root(h.to(self.blocks_dtype), root)))
             targets.append(target[valid])
             if index is not None:  # the teacher's row of position t+k+1 (it predicts token t+k+2)
                 rows_at.append(index[:, shift - 1 : -1][valid])
@@ -272,4 +314,5 @@ def build(cfg: MedusaConfig, backbone, meta: dict | None = None) -> MedusaHeads:
     """Heads for `backbone`, each starting as its frozen lm_head (shared or copied)."""
     heads = MedusaHeads(cfg, backbone.hidden_size, backbone.vocab_size)
     heads.attach_lm_head(backbone.lm_head, init=True)
+    heads.attach_embeddings(backbone.embed_tokens)
     return heads

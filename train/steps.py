@@ -25,7 +25,7 @@ def medusa_step(
         hidden = batch["hidden"][:, :, -1].to(backbone.dtype)  # (B, T, H)
     else:
         hidden, _ = backbone(batch["input_ids"], batch["attention_mask"])  # (B, T, H), no grad
-    return drafter(hidden, batch["labels"])
+    return drafter(hidden, batch["labels"], input_ids=batch["input_ids"])
 
 
 def distillspec_step(

@@ -16,6 +16,8 @@ builds per-head lm_heads over the full vocabulary, so heads with their own trunc
 there: refused. The FasterDecoding layout has no truncation: shared heads are written over the full lm_head
 (the kept ids' logits are exact, but the other ids become draftable too: drafts may differ, decoding stays
 lossless; the card says so); own truncated heads are refused (their other rows were never trained).
+
+Heads that read the root token (`method.root_token`) have no place in either layout and are refused.
 """
 
 from __future__ import annotations
@@ -118,6 +120,12 @@ def write_layout(heads: MedusaHeads, layout: str, out: Path, base_model: str, nu
     """`num_heads` (vllm layout): the first heads to ship (0: all)."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown export layout {layout!r}: expected one of {list(LAYOUTS)}")
+    if heads.root_proj is not None:  # neither engine's Medusa has the root's projection: it would be dropped
+        raise ValueError(
+            f"these heads read the root token (method.root_token=true), which the {layout!r} layout cannot "
+            "hold: the Medusa repo's and vLLM's Medusa heads read the hidden state only. Fix: serve them in "
+            "headstart's decoder (eval/run.py), or train with method.root_token=false to export"
+        )
     if layout == "medusa":
         config, tensors = to_medusa_repo(heads, base_model)
     else:

@@ -44,7 +44,8 @@ class MedusaProposer:
         self.hidden = hidden.clone()
 
     def propose(self, context: list[int], sampling: Sampling) -> Draft:
-        logits = self.heads(self.hidden, depth=self.depth)  # (depth, Dv)
+        root = torch.tensor(context[-1], device=self.hidden.device)  # read by root_token heads only
+        logits = self.heads(self.hidden, depth=self.depth, root=root)  # (depth, Dv)
         # draft ids -> target ids (a truncated draft vocabulary): the decoder verifies target tokens
         candidates = self.heads.to_target(logits.topk(self.topk, dim=-1).indices).view(-1)  # (depth * topk,)
         return Draft(candidates[self.index], self.tree)
@@ -137,7 +138,8 @@ class MedusaTuning:
         hidden = torch.randn(heads.hidden_size, device=backbone.device, dtype=backbone.dtype)  # (H,)
 
         def step(depth: int):
-            return lambda: heads(hidden, depth=depth).topk(10, dim=-1)
+            root = torch.tensor(0, device=backbone.device)
+            return lambda: heads(hidden, depth=depth, root=root).topk(10, dim=-1)
 
         return {key: step(int(key.removeprefix("depth"))) for key in keys}
 
