@@ -132,6 +132,10 @@ class MedusaHeads(DrafterBase):
         """Bind the backbone's (frozen) input embedding, which `root_token` heads read the root through."""
         self._embed = [embed]
 
+    @property
+    def has_embeddings(self) -> bool:
+        return bool(self._embed)
+
     def read_root(self, hidden: torch.Tensor, root: torch.Tensor | None) -> torch.Tensor:
         """hidden (..., H) in the blocks' dtype, root (...) token ids -> the heads' input: hidden itself, or with
         `root_token` hidden + W e(root)."""

@@ -75,7 +75,7 @@ def export_layouts(drafter_dir: Path, meta: dict, out: Path) -> list[Layout]:
     method = registry.get(meta["method"])
     served = vllm_serving(method)
     folders = method.exporter()(drafter_dir, meta, out, list(method.layouts), None)
-    layouts = [method.layouts[0]] if len(folders) == 1 else [f.name for f in folders]
+    layouts = [method.layouts[0]] if len(method.layouts) == 1 else [f.name for f in folders]
     return [
         Layout(f"{method.name}-{layout}", folder, *served[layout])
         for layout, folder in zip(layouts, folders)

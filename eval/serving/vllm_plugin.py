@@ -38,12 +38,18 @@ vLLM's dynamic speculation does, so that it samples none), and its further passe
 `drafter_tokens` and only when some request needs its drafts: a lookup chain of 4 behind a drafter's chain of 2
 no longer costs 4 drafter passes a step.
 
-Without `headstart_lookup` in the additional config the plugin changes nothing. It patches six methods of vLLM
+Medusa heads that read the root token (`method.root_token`, exported with the architecture `ROOT_ARCH`) are
+served by the model class this plugin registers under that name (eval/serving/vllm_root_medusa.py): their
+proposer gets each request's sampled token and the target model's input embedding, with or without
+`headstart_lookup`; a vLLM without the plugin refuses the unknown architecture rather than drop the projection.
+
+Without `headstart_lookup` in the additional config the plugin changes nothing else. It patches seven methods of vLLM
 (the model runner's `propose_draft_token_ids` and `take_draft_token_ids`, where a step's drafts are made and
 leave for the scheduler; MedusaProposer.propose, to run fewer heads and take each one's argmax over its own
 vocabulary, reading the Medusa model's lm_heads, token_map and logits_processor; SpecDecodeBaseProposer.propose,
 the EAGLE and draft-model proposers' loop, to make fewer passes; MedusaConfig's num_lookahead_tokens setter and
-Medusa.__init__, to build the heads a checkpoint ships when the lookup chain is longer) and is written for the
+Medusa.__init__, to build the heads a checkpoint ships when the lookup chain is longer; MedusaProposer.load_model,
+to keep the target model for root-token heads) and is written for the
 vLLM version in SUPPORTED_VLLM: another version, asynchronous scheduling (drafts then bypass those methods),
 probabilistic drafts (the verifier would read the drafter's probabilities for tokens the lookup chose) or no
 speculative config is refused at engine start with one line.
@@ -60,6 +66,7 @@ from headstart.eval.engine.ngram import MAX_NGRAM, chain_length, find_match
 
 SUPPORTED_VLLM = "0.32."
 CONFIG_KEY = "headstart_lookup"
+ROOT_ARCH = "HeadstartRootMedusaModel"  # Medusa heads reading the root token too (vllm_root_medusa.py)
 SHIPPED_HEADS = "_headstart_shipped_heads"  # on a MedusaConfig: the checkpoint's num_heads before vLLM's K
 log = logging.getLogger("vllm.headstart_lookup")  # a child of vLLM's logger: its handlers print it
 
@@ -348,6 +355,7 @@ def _build_shipped_medusa_heads() -> None:
 def register() -> None:
     """vLLM's general-plugin hook: runs in every vLLM process; patches the model runner once."""
     import vllm
+    from vllm import ModelRegistry
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
     from vllm.v1.spec_decode.medusa import MedusaProposer
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -356,6 +364,7 @@ def register() -> None:
         return
     init, take = GPUModelRunner.__init__, GPUModelRunner.take_draft_token_ids
     propose, medusa_propose = GPUModelRunner.propose_draft_token_ids, MedusaProposer.propose
+    medusa_load = MedusaProposer.load_model
     base_propose = SpecDecodeBaseProposer.propose
 
     def __init__(self, vllm_config, *args, **kwargs):
@@ -370,6 +379,8 @@ def register() -> None:
 
     def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args, **kwargs):
         self._headstart_drafted = False
+        if hasattr(getattr(self.drafter, "model", None), "read_root"):  # root-token heads: each row's root
+            self.drafter._headstart_roots = [tokens[-1] if len(tokens) else 0 for tokens in sampled_token_ids]
         # the lookup goes first; Medusa's heads (stateless) can be skipped, an EAGLE drafter or a draft model
         # makes its first pass every step; any other drafter runs as vLLM runs it, its drafts replaced after
         # (parallel drafting, DFlash's, makes every draft in one pass: it keeps vLLM's own way)
@@ -401,9 +412,18 @@ def register() -> None:
 
     def medusa_heads(self, num_speculative_tokens, target_hidden_states, *args, **kwargs):
         heads = getattr(self, "_headstart_tokens", None)
+        hidden = target_hidden_states
+        if hasattr(self.model, "read_root"):  # vllm_root_medusa.RootMedusa
+            roots = torch.tensor(self._headstart_roots, device=hidden.device)
+            hidden = self.model.read_root(hidden, self._headstart_target.embed_input_ids(roots))
+            heads = num_speculative_tokens if heads is None else heads
         if heads is None:
             return medusa_propose(self, num_speculative_tokens, target_hidden_states, *args, **kwargs)
-        return medusa_drafts(self.model, [block(target_hidden_states) for block in self.model.blocks[:heads]])
+        return medusa_drafts(self.model, [block(hidden) for block in self.model.blocks[:heads]])
+
+    def keep_target(self, target_model, *args, **kwargs):
+        medusa_load(self, target_model, *args, **kwargs)
+        self._headstart_target = target_model  # root-token heads embed their roots with it
 
     # num_speculative_tokens: the first argument, by position or by name
     def fewer_passes(self, *args, **kwargs):
@@ -419,6 +439,8 @@ def register() -> None:
     GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
     GPUModelRunner.take_draft_token_ids = take_draft_token_ids
     MedusaProposer.propose = medusa_heads
+    MedusaProposer.load_model = keep_target
+    ModelRegistry.register_model(ROOT_ARCH, "headstart.eval.serving.vllm_root_medusa:RootMedusa")  # lazily
     _build_shipped_medusa_heads()
     SpecDecodeBaseProposer.propose = fewer_passes
     GPUModelRunner._headstart_patched = True

@@ -17,19 +17,26 @@ there: refused. The FasterDecoding layout has no truncation: shared heads are wr
 (the kept ids' logits are exact, but the other ids become draftable too: drafts may differ, decoding stays
 lossless; the card says so); own truncated heads are refused (their other rows were never trained).
 
-Heads that read the root token (`method.root_token`) have no place in either layout and are refused.
+Heads that read the root token (`method.root_token`) are written for vLLM as `architectures:
+["HeadstartRootMedusaModel"]` with the root's projection as `root_proj.weight`: headstart's vLLM plugin
+(eval/serving/vllm_plugin.py) registers that architecture, vLLM's Medusa plus the projection of the step's sampled
+token, and a vLLM without the plugin refuses the unknown architecture at load instead of dropping the weight
+(vLLM's Medusa.load_weights skips names it does not know). The Medusa repo's layout has no place for it: refused.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from headstart.eval.serving.vllm_plugin import ROOT_ARCH  # the architecture the plugin registers
 from headstart.models.medusa import MedusaConfig, MedusaHeads
 
+log = logging.getLogger("headstart.export")
 LAYOUTS = ("medusa", "vllm")
 VLLM = {
     "vllm": ("medusa", True)
@@ -88,8 +95,10 @@ def to_vllm(heads: MedusaHeads, base_model: str, num_heads: int = 0) -> tuple[di
         tensors[f"lm_heads.{h}.weight"] = _lm_weight(heads, h)  # (Dv, H)
     if heads.truncated:
         tensors["token_map"] = heads.token_map.detach().to(torch.int64)  # (Dv,) draft id -> target id
+    if heads.root_proj is not None:
+        tensors["root_proj.weight"] = heads.root_proj.weight.detach()
     config = {
-        "architectures": ["MedusaModel"],
+        "architectures": [ROOT_ARCH if heads.root_proj is not None else "MedusaModel"],
         "model_type": "medusa",
         "hidden_size": heads.hidden_size,
         "vocab_size": heads.vocab_size,
@@ -109,22 +118,28 @@ def vllm_engine_args(folder: Path) -> dict:
     """Extra `vllm.LLM` arguments an exported folder needs. vLLM's Medusa.load_weights registers the loaded
     `token_map` as a parameter without reporting it loaded, so its strict every-parameter-loaded check
     (default for unquantized models) refuses every truncated Medusa checkpoint ("Following weights were not
-    initialized from checkpoint: {'token_map'}"); the check is turned off for those folders only."""
+    initialized from checkpoint: {'token_map'}"); the check is turned off for those folders only. Root-token
+    heads read the token each step samples, which asynchronous scheduling hands the drafter too late: off."""
     config = json.loads((Path(folder) / "config.json").read_text())
+    out = {}
     if config.get("truncated_vocab_size", config.get("vocab_size")) < config.get("vocab_size", 0):
-        return {"model_loader_extra_config": {"enable_weights_track": False}}
-    return {}
+        out["model_loader_extra_config"] = {"enable_weights_track": False}
+    if config.get("architectures") == [
+        ROOT_ARCH
+    ]:  # the step's sampled tokens reach the heads synchronously only
+        out["async_scheduling"] = False
+    return out
 
 
 def write_layout(heads: MedusaHeads, layout: str, out: Path, base_model: str, num_heads: int = 0) -> Path:
     """`num_heads` (vllm layout): the first heads to ship (0: all)."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown export layout {layout!r}: expected one of {list(LAYOUTS)}")
-    if heads.root_proj is not None:  # neither engine's Medusa has the root's projection: it would be dropped
+    if heads.root_proj is not None and layout == "medusa":  # the repo's heads read the hidden state only
         raise ValueError(
-            f"these heads read the root token (method.root_token=true), which the {layout!r} layout cannot "
-            "hold: the Medusa repo's and vLLM's Medusa heads read the hidden state only. Fix: serve them in "
-            "headstart's decoder (eval/run.py), or train with method.root_token=false to export"
+            "these heads read the root token (method.root_token=true), which the 'medusa' layout (the Medusa "
+            "repo's heads read the hidden state only) cannot hold. Fix: --layout vllm (served with headstart's "
+            "vLLM plugin) or headstart's decoder, or train with method.root_token=false"
         )
     if layout == "medusa":
         config, tensors = to_medusa_repo(heads, base_model)
@@ -158,11 +173,14 @@ def read_layout(folder: Path) -> MedusaHeads:
         name = {"w": "{h}.{i}.linear.weight", "b": "{h}.{i}.linear.bias", "lm": "{h}." + str(L) + ".weight"}
     vocab = config["vocab_size"]
     dv = config.get("truncated_vocab_size", vocab)  # the vLLM layout only; own heads (unshared) rebuilt
-    cfg = MedusaConfig(num_heads=k, num_layers=L, draft_vocab_size=dv if dv < vocab else 0)
-    heads = MedusaHeads(cfg, config["hidden_size"], vocab)
+    root = "root_proj.weight" in tensors
+    cfg = MedusaConfig(num_heads=k, num_layers=L, draft_vocab_size=dv if dv < vocab else 0, root_token=root)
+    heads = MedusaHeads(cfg, config["hidden_size"], vocab)  # root_token: the decoder attaches the embedding
     with torch.no_grad():
         if heads.truncated:
             heads.token_map.copy_(tensors["token_map"])
+        if root:
+            heads.root_proj.weight.copy_(tensors["root_proj.weight"])
         for h, block in enumerate(heads.blocks):
             for i, res in enumerate(block):
                 res.linear.weight.copy_(tensors[name["w"].format(h=h, i=i)])
@@ -203,6 +221,11 @@ def medusa_card(meta: dict, layout: str, report: dict | None):
     else:
         spec = {"model": THIS_REPO, "method": "medusa", "num_speculative_tokens": served}
         library, serve = "vllm", vllm_snippet(base, spec, meta) + tuned_lines(meta)
+        if m.get("root_token"):
+            serve += ["", "These heads also read the root, the token the model samples each step (`root_token`): "
+                      "vLLM serves them through headstart's plugin (`pip install --no-deps headstart` in vLLM's "
+                      "environment registers `HeadstartRootMedusaModel`; without it vLLM refuses the architecture) "
+                      "and with `--no-async-scheduling`."]  # fmt: skip
         if shipped < k:
             serve += ["", f"This folder ships the first {shipped} of the {k} trained heads (vLLM drafts one token "
                       "per head it loads, and drops the drafts past `num_speculative_tokens`); the `medusa` layout "
@@ -248,11 +271,19 @@ def export(drafter_dir: Path, meta: dict, out: Path, layouts: list[str], report:
     from headstart.models.export.card import base_model_id, save_card
 
     heads, _ = load_for_export(drafter_dir, meta)
+    nested = len(layouts) > 1  # OUT/<layout> for each
+    if heads.root_proj is not None and "medusa" in layouts and len(layouts) > 1:  # asked for one: refused
+        log.warning(
+            "export: the 'medusa' layout is skipped, these heads read the root token (method.root_token) and the "
+            "Medusa repo's heads read the hidden state only; writing %s",
+            [layout for layout in layouts if layout != "medusa"],
+        )
+        layouts = [layout for layout in layouts if layout != "medusa"]
     base_model = base_model_id(meta["backbone"])
     k = shipped_heads(meta, heads.cfg.num_heads)
     written = []
     for layout in layouts:
-        folder = out / layout if len(layouts) > 1 else out
+        folder = out / layout if nested else out
         write_layout(heads, layout, folder, base_model, k)
         save_card(medusa_card(meta, layout, report), folder)
         written.append(folder)

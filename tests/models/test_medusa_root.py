@@ -1,6 +1,8 @@
 """Medusa heads that read the root token (`method.root_token`): fresh ones are Medusa's, the loss feeds head k at
 position t the token t+1 (the root the decoder gives it), a checkpoint round-trips and decodes losslessly, and
-the export layouts that cannot hold the root's projection refuse it."""
+the vLLM export names the architecture headstart's plugin registers (the Medusa repo's layout refuses them)."""
+
+import json
 
 import pytest
 import torch
@@ -8,9 +10,10 @@ import torch.nn.functional as F
 
 from headstart.eval.engine.decoder import Decoder, build_decoder
 from headstart.eval.engine.proposers.medusa import MedusaOptions
+from headstart.eval.serving.vllm_plugin import ROOT_ARCH
 from headstart.models.backbone import BackboneConfig
 from headstart.models.checkpoint import build_drafter, save_drafter
-from headstart.models.export.medusa import write_layout
+from headstart.models.export.medusa import read_layout, write_layout
 from headstart.models.medusa import MedusaConfig
 from headstart.train.steps import medusa_step
 
@@ -103,8 +106,22 @@ def test_checkpoint_round_trips_and_decodes_losslessly(backbone, tmp_path):
         assert hybrid.generate(prompt, 24).tokens == want
 
 
-@pytest.mark.parametrize("layout", ["medusa", "vllm"])
-def test_export_refuses_root_heads_in_one_line(backbone, tmp_path, layout):
+def test_the_repo_layout_refuses_root_heads_in_one_line(backbone, tmp_path):
     with pytest.raises(ValueError, match="root_token") as e:
-        write_layout(root_heads(backbone, 2), layout, tmp_path / layout, "org/model")
-    assert "\n" not in str(e.value) and not (tmp_path / layout).exists()
+        write_layout(root_heads(backbone, 2), "medusa", tmp_path / "medusa", "org/model")
+    assert "\n" not in str(e.value) and not (tmp_path / "medusa").exists()
+
+
+def test_the_vllm_layout_names_the_plugins_architecture_and_round_trips(backbone, tmp_path):
+    heads = root_heads(backbone, 2, scale=0.3)
+    folder = write_layout(heads, "vllm", tmp_path / "vllm", "org/model")
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == [
+        ROOT_ARCH
+    ]  # a vLLM without the plugin refuses it, never drops the weight
+    back = read_layout(folder)
+    torch.testing.assert_close(back.root_proj.weight, heads.root_proj.weight)
+    prompt = backbone.tokenizer(TEXTS[0])["input_ids"]
+    want = Decoder(backbone, MedusaOptions(heads, tree="chain")).generate(prompt, 24).stats.accepted_per_step
+    got = Decoder(backbone, MedusaOptions(back, tree="chain")).generate(prompt, 24).stats.accepted_per_step
+    assert got == want

@@ -89,6 +89,10 @@ class MedusaOptions(ProposerConfig):
         if self.drafter is None:
             raise ValueError("method 'medusa' needs drafter= (MedusaHeads), e.g. from build_decoder()")
         self.drafter.to(decoder.device)
+        if (
+            self.drafter.root_proj is not None and not self.drafter.has_embeddings
+        ):  # e.g. heads read from an export
+            self.drafter.attach_embeddings(decoder.backbone.embed_tokens)
         tree_nodes = self.tree_nodes
         if tree_nodes is None:
             tree_nodes = DEFAULT_TREE_NODES if decoder.device.type == "cuda" else CPU_TREE_NODES
