@@ -6,6 +6,9 @@ training objectives at equal compute: one backbone load, every drafter decoded o
     python eval/bench/chain_tau.py --checkpoints runs/a runs/b --k 2 --lookup 4 1 --prompts dev spec_bench \
         --per-category 1 --out docs/ablation.json
 
+`--branch B` adds the chain with a B-token prompt-lookup branch merged into its tree (headstart's decoder's
+`lookup_tokens`, what the eval stage runs).
+
 tau here is accepted tokens per target forward (the bonus token included), greedy; it predicts vLLM's tau for
 the same chain (the serve check holds the two within a few percent).
 """
@@ -65,6 +68,13 @@ def main(argv: list[str] | None = None) -> None:
         metavar="N",
         help="also with the lookup chain: L m [MAX] (chain L at min_match m, growing with its match up to MAX)",
     )
+    p.add_argument(
+        "--branch",
+        type=int,
+        default=0,
+        metavar="B",
+        help="also the chain with a B-token prompt-lookup branch in its tree (headstart's decoder: lookup_tokens)",
+    )
     p.add_argument("--prompts", nargs="+", default=["dev", "spec_bench"], help="prompt files or shipped sets")
     p.add_argument("--per-category", type=int, default=1)
     p.add_argument("--tokens", type=int, default=128)
@@ -97,6 +107,9 @@ def main(argv: list[str] | None = None) -> None:
         row["tau"], row["position_rates"] = greedy_tau(
             build_decoder(proposer, backbone, loaded, **chain), prompts, args.tokens
         )
+        if args.branch:
+            branched = build_decoder(proposer, backbone, loaded, **chain, lookup_tokens=args.branch)
+            row["branch_tau"], _ = greedy_tau(branched, prompts, args.tokens)
         if args.lookup:
             L, m, most = (*args.lookup, None)[:3]
             hybrid = build_decoder(proposer, backbone, loaded, **chain, lookup_tokens=L, lookup_min_match=m,
@@ -111,8 +124,10 @@ def main(argv: list[str] | None = None) -> None:
             if args.lookup
             else ""
         )
+        branch_tau = f", with a {args.branch}-token branch: {row['branch_tau']:.3f}" if args.branch else ""
         print(
-            f"{path}: chain of {args.k} tau {row['tau']:.3f} (by position {rates}){hybrid_tau}; held-out top-1 {top1}",
+            f"{path}: chain of {args.k} tau {row['tau']:.3f} (by position {rates}){branch_tau}{hybrid_tau}; "
+            f"held-out top-1 {top1}",
             flush=True,
         )
     if args.out:
@@ -121,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
                 {
                     "k": args.k,
                     "lookup": args.lookup,
+                    "branch": args.branch,
                     "prompts": len(prompts),
                     "tokens": args.tokens,
                     "dtype": str(backbone.dtype),

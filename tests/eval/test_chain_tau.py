@@ -28,16 +28,16 @@ def test_two_drafters_scored_on_the_same_prompts(tmp_path, capsys):
     a, b = _drafter(tmp_path / "a" / "drafter", 0), _drafter(tmp_path / "b" / "drafter", 1)
     out = tmp_path / "rows.json"
     chain_tau.main([
-        "--checkpoints", str(a), str(b), "--k", "2", "--lookup", "2", "1", "--prompts", "dev", "--per-category", "1",
+        "--checkpoints", str(a), str(b), "--k", "2", "--lookup", "2", "1", "--branch", "2", "--prompts", "dev", "--per-category", "1",
         "--tokens", "8", "--dtype", "float32", "--out", str(out),
     ])  # fmt: skip
     data = json.loads(out.read_text())
     assert data["prompts"] == 11 and len(data["rows"]) == 2  # one per dev category
     for row in data["rows"]:
-        assert 1.0 <= row["tau"] <= 3.0 and row["hybrid_tau"] >= 1.0
+        assert 1.0 <= row["tau"] <= 3.0 and row["hybrid_tau"] >= 1.0 and 1.0 <= row["branch_tau"] <= 5.0
         # tau = 1 (the target's own token) + the drafts accepted per step, position by position
         assert row["tau"] == pytest.approx(1.0 + sum(row["position_rates"]), abs=0.2)
-    assert "chain of 2 tau" in capsys.readouterr().out
+    assert "chain of 2 tau" in capsys.readouterr().out and data["branch"] == 2
 
 
 def test_a_drafter_of_another_backbone_is_refused(tmp_path, monkeypatch):
