@@ -57,7 +57,7 @@ def held_out_top1(run: Path) -> list[float]:
     return [data[f"eval/head{i}/top1"] for i in range(16) if f"eval/head{i}/top1" in data]
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoints", nargs="+", type=Path, required=True, help="run dirs or drafter folders")
     p.add_argument("--k", type=int, default=2, help="the drafter's chain length")
@@ -83,8 +83,56 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.lookup and len(args.lookup) not in (2, 3):
         p.error(f"--lookup takes L m [MAX], got {len(args.lookup)} numbers")
-    first = resolve_checkpoint(args.checkpoints[0])
-    meta = read_meta(first)
+    return args
+
+
+def score(args, path: Path, backbone, prompts: list[list[int]]) -> dict:
+    """One checkpoint's row: held-out top-1, chain tau and position rates, and with --branch / --lookup those."""
+    drafter_dir = resolve_checkpoint(path)
+    run_meta = read_meta(drafter_dir)
+    loaded = LoadedDrafter(*load_drafter(drafter_dir, backbone, run_meta), drafter_dir)
+    proposer = registry.proposer_of(run_meta["method"])
+    chain, _ = chain_options(proposer, args.k, loaded.drafter)
+    row = {"checkpoint": str(path), "held_out_top1": held_out_top1(drafter_dir.parent)}
+    t0 = time.perf_counter()
+    row["tau"], row["position_rates"] = greedy_tau(
+        build_decoder(proposer, backbone, loaded, **chain), prompts, args.tokens
+    )
+    if args.branch:
+        branched = build_decoder(proposer, backbone, loaded, **chain, lookup_tokens=args.branch)
+        row["branch_tau"], _ = greedy_tau(branched, prompts, args.tokens)
+    if args.lookup:
+        L, m, most = (*args.lookup, None)[:3]
+        hybrid = build_decoder(proposer, backbone, loaded, **chain, lookup_tokens=L, lookup_min_match=m,
+                               lookup_max_tokens=most)  # fmt: skip
+        row["hybrid_tau"], _ = greedy_tau(hybrid, prompts, args.tokens)
+    row["seconds"] = time.perf_counter() - t0
+    return row
+
+
+def describe(args, row: dict) -> str:
+    top1 = " / ".join(f"{a:.3f}" for a in row["held_out_top1"][:3])
+    rates = " / ".join(f"{r:.3f}" for r in row["position_rates"])
+    branch_tau = f", with a {args.branch}-token branch: {row['branch_tau']:.3f}" if args.branch else ""
+    hybrid_tau = (
+        f", with lookup {' '.join(map(str, args.lookup))} (L m [max]): {row['hybrid_tau']:.3f}"
+        if args.lookup
+        else ""
+    )
+    return (
+        f"{row['checkpoint']}: chain of {args.k} tau {row['tau']:.3f} (by position {rates}){branch_tau}"
+        f"{hybrid_tau}; held-out top-1 {top1}"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    meta = read_meta(resolve_checkpoint(args.checkpoints[0]))
+    for path in args.checkpoints[1:]:
+        if read_meta(resolve_checkpoint(path))["backbone"].get("path") != meta["backbone"].get("path"):
+            raise SystemExit(
+                f"{path}: another backbone than {args.checkpoints[0]}. Fix: compare drafters of one backbone"
+            )
     backbone = load_backbone(BackboneConfig(**{**meta["backbone"], "dtype": args.dtype}))
     questions = load_prompts(args.prompts, args.per_category).prompts
     prompts = [chat_ids(backbone.tokenizer, [{"role": "user", "content": q.turns[0]}]) for q in questions]
@@ -93,43 +141,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     rows = []
     for path in args.checkpoints:
-        drafter_dir = resolve_checkpoint(path)
-        run_meta = read_meta(drafter_dir)
-        if run_meta["backbone"].get("path") != meta["backbone"].get("path"):
-            raise SystemExit(
-                f"{path}: another backbone than {args.checkpoints[0]}. Fix: compare drafters of one backbone"
-            )
-        loaded = LoadedDrafter(*load_drafter(drafter_dir, backbone, run_meta), drafter_dir)
-        proposer = registry.proposer_of(run_meta["method"])
-        chain, _ = chain_options(proposer, args.k, loaded.drafter)
-        row = {"checkpoint": str(path), "held_out_top1": held_out_top1(drafter_dir.parent)}
-        t0 = time.perf_counter()
-        row["tau"], row["position_rates"] = greedy_tau(
-            build_decoder(proposer, backbone, loaded, **chain), prompts, args.tokens
-        )
-        if args.branch:
-            branched = build_decoder(proposer, backbone, loaded, **chain, lookup_tokens=args.branch)
-            row["branch_tau"], _ = greedy_tau(branched, prompts, args.tokens)
-        if args.lookup:
-            L, m, most = (*args.lookup, None)[:3]
-            hybrid = build_decoder(proposer, backbone, loaded, **chain, lookup_tokens=L, lookup_min_match=m,
-                                   lookup_max_tokens=most)  # fmt: skip
-            row["hybrid_tau"], _ = greedy_tau(hybrid, prompts, args.tokens)
-        row["seconds"] = time.perf_counter() - t0
-        rows.append(row)
-        top1 = " / ".join(f"{a:.3f}" for a in row["held_out_top1"][:3])
-        rates = " / ".join(f"{r:.3f}" for r in row["position_rates"])
-        hybrid_tau = (
-            f", with lookup {' '.join(map(str, args.lookup))} (L m [max]): {row['hybrid_tau']:.3f}"
-            if args.lookup
-            else ""
-        )
-        branch_tau = f", with a {args.branch}-token branch: {row['branch_tau']:.3f}" if args.branch else ""
-        print(
-            f"{path}: chain of {args.k} tau {row['tau']:.3f} (by position {rates}){branch_tau}{hybrid_tau}; "
-            f"held-out top-1 {top1}",
-            flush=True,
-        )
+        rows.append(score(args, path, backbone, prompts))
+        print(describe(args, rows[-1]), flush=True)
     if args.out:
         args.out.write_text(
             json.dumps(

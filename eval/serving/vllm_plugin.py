@@ -38,7 +38,7 @@ vLLM's dynamic speculation does, so that it samples none), and its further passe
 `drafter_tokens` and only when some request needs its drafts: a lookup chain of 4 behind a drafter's chain of 2
 no longer costs 4 drafter passes a step.
 
-Medusa heads that read the root token (`method.root_token`, exported with the architecture `ROOT_ARCH`) are
+Medusa heads that read the root token (`method.root_token`, exported as models/export/medusa.py's `ROOT_ARCH`) are
 served by the model class this plugin registers under that name (eval/serving/vllm_root_medusa.py): their
 proposer gets each request's sampled token and the target model's input embedding, with or without
 `headstart_lookup`; a vLLM without the plugin refuses the unknown architecture rather than drop the projection.
@@ -66,7 +66,6 @@ from headstart.eval.engine.ngram import MAX_NGRAM, chain_length, find_match
 
 SUPPORTED_VLLM = "0.32."
 CONFIG_KEY = "headstart_lookup"
-ROOT_ARCH = "HeadstartRootMedusaModel"  # Medusa heads reading the root token too (vllm_root_medusa.py)
 SHIPPED_HEADS = "_headstart_shipped_heads"  # on a MedusaConfig: the checkpoint's num_heads before vLLM's K
 log = logging.getLogger("vllm.headstart_lookup")  # a child of vLLM's logger: its handlers print it
 
@@ -352,10 +351,46 @@ def _build_shipped_medusa_heads() -> None:
     Medusa.__init__ = shipped_heads
 
 
+def heads_input(proposer, hidden: torch.Tensor) -> torch.Tensor:
+    """What the Medusa heads read: the target's hidden states (rows, H), plus for root-token heads
+    (vllm_root_medusa.RootMedusa) the projection of each row's root through the target's input embedding."""
+    if not hasattr(proposer.model, "read_root"):
+        return hidden
+    roots = torch.tensor(proposer._headstart_roots, device=hidden.device)
+    return proposer.model.read_root(hidden, proposer._headstart_target.embed_input_ids(roots))
+
+
+def _patch_medusa(proposer_cls) -> None:
+    """MedusaProposer.propose runs only the heads the step needs (`_headstart_tokens`, set by the plugin's
+    propose_draft_token_ids) and root-token heads read their roots; for those, the architecture is registered
+    (vllm_root_medusa.py, imported by vLLM when a folder names it) and the proposer keeps the target model, whose
+    input embedding reads each row's root."""
+    from vllm import ModelRegistry
+
+    from headstart.models.export.medusa import ROOT_ARCH  # the architecture root-token heads export as
+
+    propose, load = proposer_cls.propose, proposer_cls.load_model
+
+    def medusa_heads(self, num_speculative_tokens, target_hidden_states, *args, **kwargs):
+        heads = getattr(self, "_headstart_tokens", None)
+        if heads is None and not hasattr(self.model, "read_root"):
+            return propose(self, num_speculative_tokens, target_hidden_states, *args, **kwargs)
+        hidden = heads_input(self, target_hidden_states)
+        return medusa_drafts(
+            self.model, [block(hidden) for block in self.model.blocks[: heads or num_speculative_tokens]]
+        )
+
+    def keep_target(self, target_model, *args, **kwargs):
+        load(self, target_model, *args, **kwargs)
+        self._headstart_target = target_model
+
+    proposer_cls.propose, proposer_cls.load_model = medusa_heads, keep_target
+    ModelRegistry.register_model(ROOT_ARCH, "headstart.eval.serving.vllm_root_medusa:RootMedusa")
+
+
 def register() -> None:
     """vLLM's general-plugin hook: runs in every vLLM process; patches the model runner once."""
     import vllm
-    from vllm import ModelRegistry
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
     from vllm.v1.spec_decode.medusa import MedusaProposer
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -363,8 +398,7 @@ def register() -> None:
     if getattr(GPUModelRunner, "_headstart_patched", False):
         return
     init, take = GPUModelRunner.__init__, GPUModelRunner.take_draft_token_ids
-    propose, medusa_propose = GPUModelRunner.propose_draft_token_ids, MedusaProposer.propose
-    medusa_load = MedusaProposer.load_model
+    propose = GPUModelRunner.propose_draft_token_ids
     base_propose = SpecDecodeBaseProposer.propose
 
     def __init__(self, vllm_config, *args, **kwargs):
@@ -410,21 +444,6 @@ def register() -> None:
             _apply(self, drafts)
         return drafts
 
-    def medusa_heads(self, num_speculative_tokens, target_hidden_states, *args, **kwargs):
-        heads = getattr(self, "_headstart_tokens", None)
-        hidden = target_hidden_states
-        if hasattr(self.model, "read_root"):  # vllm_root_medusa.RootMedusa
-            roots = torch.tensor(self._headstart_roots, device=hidden.device)
-            hidden = self.model.read_root(hidden, self._headstart_target.embed_input_ids(roots))
-            heads = num_speculative_tokens if heads is None else heads
-        if heads is None:
-            return medusa_propose(self, num_speculative_tokens, target_hidden_states, *args, **kwargs)
-        return medusa_drafts(self.model, [block(hidden) for block in self.model.blocks[:heads]])
-
-    def keep_target(self, target_model, *args, **kwargs):
-        medusa_load(self, target_model, *args, **kwargs)
-        self._headstart_target = target_model  # root-token heads embed their roots with it
-
     # num_speculative_tokens: the first argument, by position or by name
     def fewer_passes(self, *args, **kwargs):
         tokens = getattr(self, "_headstart_tokens", None)
@@ -438,9 +457,7 @@ def register() -> None:
     GPUModelRunner.__init__ = __init__
     GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
     GPUModelRunner.take_draft_token_ids = take_draft_token_ids
-    MedusaProposer.propose = medusa_heads
-    MedusaProposer.load_model = keep_target
-    ModelRegistry.register_model(ROOT_ARCH, "headstart.eval.serving.vllm_root_medusa:RootMedusa")  # lazily
+    _patch_medusa(MedusaProposer)
     _build_shipped_medusa_heads()
     SpecDecodeBaseProposer.propose = fewer_passes
     GPUModelRunner._headstart_patched = True

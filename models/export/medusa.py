@@ -33,11 +33,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from headstart.eval.serving.vllm_plugin import ROOT_ARCH  # the architecture the plugin registers
 from headstart.models.medusa import MedusaConfig, MedusaHeads
 
 log = logging.getLogger("headstart.export")
 LAYOUTS = ("medusa", "vllm")
+# vLLM's Medusa reading the root token too (root_token heads): headstart's vLLM plugin registers it
+ROOT_ARCH = "HeadstartRootMedusaModel"
 VLLM = {
     "vllm": ("medusa", True)
 }  # layout -> (vLLM speculative_config method, must serve); the repo layout is not vLLM's

@@ -10,10 +10,9 @@ import torch.nn.functional as F
 
 from headstart.eval.engine.decoder import Decoder, build_decoder
 from headstart.eval.engine.proposers.medusa import MedusaOptions
-from headstart.eval.serving.vllm_plugin import ROOT_ARCH
 from headstart.models.backbone import BackboneConfig
 from headstart.models.checkpoint import build_drafter, save_drafter
-from headstart.models.export.medusa import read_layout, write_layout
+from headstart.models.export.medusa import ROOT_ARCH, read_layout, write_layout
 from headstart.models.medusa import MedusaConfig
 from headstart.train.steps import medusa_step
 
