@@ -17,6 +17,7 @@ from headstart.eval.engine.tree import Tree, TreeError, tree_from_paths
 from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import build_drafter, save_drafter
 from headstart.models.medusa import MedusaConfig
+from helpers.heads import perturbed_heads
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -48,15 +49,6 @@ def models():
 
 def prompts(backbone):
     return [backbone.tokenizer(t)["input_ids"] for t in TEXTS]
-
-
-def perturbed_heads(backbone, num_heads=3, scale=0.3, seed=0):
-    heads = build_drafter("medusa", MedusaConfig(num_heads=num_heads), backbone)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in heads.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale * p.std().clamp_min(0.02))
-    return heads
 
 
 def decoders(backbone):

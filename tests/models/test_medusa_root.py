@@ -15,17 +15,13 @@ from headstart.models.checkpoint import build_drafter, save_drafter
 from headstart.models.export.medusa import ROOT_ARCH, read_layout, write_layout
 from headstart.models.medusa import MedusaConfig
 from headstart.train.steps import medusa_step
+from helpers.heads import perturbed_heads
 
 TEXTS = ["the cat sat on the mat. the cat sat on the", "1, 2, 3, 4, 5, 6, 7,", "Once upon a time, there was"]
 
 
-def root_heads(backbone, num_heads=3, scale=0.0, seed=0):
-    heads = build_drafter("medusa", MedusaConfig(num_heads=num_heads, root_token=True), backbone)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in heads.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale * p.std().clamp_min(0.02))
-    return heads
+def root_heads(backbone, num_heads=3, scale=0.0):
+    return perturbed_heads(backbone, num_heads, scale, root_token=True)
 
 
 def test_fresh_root_heads_are_medusa_heads(backbone):
