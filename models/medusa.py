@@ -59,8 +59,8 @@ class MedusaConfig:
     # The heads also read the root, the backbone's own next token x_{t+1} (known before drafting): their input
     # is h_t + W e(x_{t+1}), e the frozen input embedding, W zero-initialised (so fresh heads are Medusa's).
     # Hydra's sequential dependence (Ankner et al. 2024), its first step: head k no longer guesses the token
-    # it is drafting after. Served by headstart's decoder; the Medusa repo's and vLLM's Medusa read h_t only,
-    # so the export refuses these heads
+    # it is drafting after. Served by headstart's decoder and, through headstart's plugin, by vLLM; the Medusa
+    # repo's layout reads h_t only and cannot hold them
     root_token: bool = False
 
     def __post_init__(self) -> None:
@@ -245,6 +245,10 @@ class MedusaHeads(DrafterBase):
         head{k}/n (so it is a miss in top-1/top-5 and the rank histogram) and in head{k}/oov.
         """
         to_draft = target_to_draft(self.token_map, self.vocab_size) if self.truncated else None  # (V,)
+        # the heads' input at every position but the last, read once for all heads (root t is token t+1)
+        inputs = hidden
+        if self.root_proj is not None:
+            inputs = self.read_root(hidden[:, :-1].to(self.blocks_dtype), input_ids[:, 1:])
         table, index = self._teacher(hidden, labels) if self.cfg.soft_targets else (None, None)
         feats, targets, rows_at, counts, oov = [], [], [], [], []
         for k, block in enumerate(self.blocks):
@@ -256,9 +260,9 @@ class MedusaHeads(DrafterBase):
                 target = to_draft[target.clamp_min(0)].masked_fill(~valid, -1)  # (B, T-shift) draft ids
                 oov.append((valid & (target < 0)).sum())
                 valid = target >= 0
-            h = hidden[:, :-shift][valid]  # (N_k, H) only rows that have a (draftable) target
-            root = None if self.root_proj is None else input_ids[:, 1 : hidden.shape[1] - shift + 1][valid]
-            feats.append(block(self.read_root(h.to(self.blocks_dtype), root)))
+            # (N_k, H) only rows that have a (draftable) target
+            h = inputs[:, : hidden.shape[1] - shift][valid]
+            feats.append(block(h.to(self.blocks_dtype)))
             targets.append(target[valid])
             if index is not None:  # the teacher's row of position t+k+1 (it predicts token t+k+2)
                 rows_at.append(index[:, shift - 1 : -1][valid])

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from vllm.model_executor.models.medusa import Medusa
 
-ROOT_WEIGHT = "root_proj.weight"
+from headstart.models.export.medusa import ROOT_WEIGHT
 
 
 class RootMedusa(Medusa):

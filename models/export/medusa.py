@@ -39,6 +39,7 @@ log = logging.getLogger("headstart.export")
 LAYOUTS = ("medusa", "vllm")
 # vLLM's Medusa reading the root token too (root_token heads): headstart's vLLM plugin registers it
 ROOT_ARCH = "HeadstartRootMedusaModel"
+ROOT_WEIGHT = "root_proj.weight"  # the root's projection in that layout
 VLLM = {
     "vllm": ("medusa", True)
 }  # layout -> (vLLM speculative_config method, must serve); the repo layout is not vLLM's
@@ -97,7 +98,7 @@ def to_vllm(heads: MedusaHeads, base_model: str, num_heads: int = 0) -> tuple[di
     if heads.truncated:
         tensors["token_map"] = heads.token_map.detach().to(torch.int64)  # (Dv,) draft id -> target id
     if heads.root_proj is not None:
-        tensors["root_proj.weight"] = heads.root_proj.weight.detach()
+        tensors[ROOT_WEIGHT] = heads.root_proj.weight.detach()
     config = {
         "architectures": [ROOT_ARCH if heads.root_proj is not None else "MedusaModel"],
         "model_type": "medusa",
@@ -125,9 +126,7 @@ def vllm_engine_args(folder: Path) -> dict:
     out = {}
     if config.get("truncated_vocab_size", config.get("vocab_size")) < config.get("vocab_size", 0):
         out["model_loader_extra_config"] = {"enable_weights_track": False}
-    if config.get("architectures") == [
-        ROOT_ARCH
-    ]:  # the step's sampled tokens reach the heads synchronously only
+    if config.get("architectures") == [ROOT_ARCH]:  # the step's sampled tokens reach the heads in sync only
         out["async_scheduling"] = False
     return out
 
@@ -174,14 +173,14 @@ def read_layout(folder: Path) -> MedusaHeads:
         name = {"w": "{h}.{i}.linear.weight", "b": "{h}.{i}.linear.bias", "lm": "{h}." + str(L) + ".weight"}
     vocab = config["vocab_size"]
     dv = config.get("truncated_vocab_size", vocab)  # the vLLM layout only; own heads (unshared) rebuilt
-    root = "root_proj.weight" in tensors
+    root = ROOT_WEIGHT in tensors
     cfg = MedusaConfig(num_heads=k, num_layers=L, draft_vocab_size=dv if dv < vocab else 0, root_token=root)
     heads = MedusaHeads(cfg, config["hidden_size"], vocab)  # root_token: the decoder attaches the embedding
     with torch.no_grad():
         if heads.truncated:
             heads.token_map.copy_(tensors["token_map"])
         if root:
-            heads.root_proj.weight.copy_(tensors["root_proj.weight"])
+            heads.root_proj.weight.copy_(tensors[ROOT_WEIGHT])
         for h, block in enumerate(heads.blocks):
             for i, res in enumerate(block):
                 res.linear.weight.copy_(tensors[name["w"].format(h=h, i=i)])
@@ -273,7 +272,9 @@ def export(drafter_dir: Path, meta: dict, out: Path, layouts: list[str], report:
 
     heads, _ = load_for_export(drafter_dir, meta)
     nested = len(layouts) > 1  # OUT/<layout> for each
-    if heads.root_proj is not None and "medusa" in layouts and len(layouts) > 1:  # asked for one: refused
+    if (
+        heads.root_proj is not None and "medusa" in layouts and nested
+    ):  # asked for alone: write_layout refuses
         log.warning(
             "export: the 'medusa' layout is skipped, these heads read the root token (method.root_token) and the "
             "Medusa repo's heads read the hidden state only; writing %s",

@@ -44,7 +44,7 @@ class MedusaProposer:
         self.hidden = hidden.clone()
 
     def propose(self, context: list[int], sampling: Sampling) -> Draft:
-        root = torch.tensor(context[-1], device=self.hidden.device)  # read by root_token heads only
+        root = None if self.heads.root_proj is None else torch.tensor(context[-1], device=self.hidden.device)
         logits = self.heads(self.hidden, depth=self.depth, root=root)  # (depth, Dv)
         # draft ids -> target ids (a truncated draft vocabulary): the decoder verifies target tokens
         candidates = self.heads.to_target(logits.topk(self.topk, dim=-1).indices).view(-1)  # (depth * topk,)
@@ -89,9 +89,8 @@ class MedusaOptions(ProposerConfig):
         if self.drafter is None:
             raise ValueError("method 'medusa' needs drafter= (MedusaHeads), e.g. from build_decoder()")
         self.drafter.to(decoder.device)
-        if (
-            self.drafter.root_proj is not None and not self.drafter.has_embeddings
-        ):  # e.g. heads read from an export
+        # root-token heads read from an export come without the backbone's embedding
+        if self.drafter.root_proj is not None and not self.drafter.has_embeddings:
             self.drafter.attach_embeddings(decoder.backbone.embed_tokens)
         tree_nodes = self.tree_nodes
         if tree_nodes is None:
