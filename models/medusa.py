@@ -209,20 +209,27 @@ class MedusaHeads(DrafterBase):
         depth: int | None = None,
         root: torch.Tensor | None = None,
         input_ids: torch.Tensor | None = None,
+        projections: list[torch.Tensor] | None = None,
     ):
         """Without labels: hidden (..., H) -> logits (depth, ..., Dv) of the first `depth` heads (default all),
         for decoding a few positions (over draft ids when truncated: `to_target` maps them); `root` (...) the
-        token each position's backbone chose next (read by `root_token` heads only). With labels: the training
-        loss (see `loss`; `input_ids` give the roots); going through forward lets DDP/FSDP hook in."""
+        token each position's backbone chose next (read by `root_token` heads only); `projections`: the
+        vocabulary projections to use instead of `projections(depth)`'s (a compiled decoder's copies, held as
+        its buffers). With labels: the training loss (see `loss`; `input_ids` give the roots); going through
+        forward lets DDP/FSDP hook in."""
         if labels is not None:
             return self.loss(hidden, labels, input_ids)
         h = self.read_root(hidden.to(self.blocks_dtype), root)
         feats = torch.stack([block(h) for block in self.blocks[:depth]])  # (depth, ..., H)
+        weights = self.projections(len(feats)) if projections is None else projections
         # cast the features, never the (V, H) weights: no per-step copy of the vocabulary projection
-        if self.lm_heads is None:  # shared lm_head: one matmul reads the (Dv, H) weight once, not depth times
-            w = self.head_weight(0)
-            return feats.to(w.dtype) @ w.T
-        return torch.stack([f.to(head.weight.dtype) @ head.weight.T for f, head in zip(feats, self.lm_heads)])
+        if len(weights) == 1:  # shared lm_head: one matmul reads the (Dv, H) weight once, not depth times
+            return feats.to(weights[0].dtype) @ weights[0].T
+        return torch.stack([f.to(w.dtype) @ w.T for f, w in zip(feats, weights)])
+
+    def projections(self, depth: int) -> list[torch.Tensor]:
+        """The (Dv, H) vocabulary projections of the first `depth` heads: one when they share the lm_head."""
+        return [self.head_weight(0)] if self.lm_heads is None else [self.head_weight(k) for k in range(depth)]
 
     @property
     def blocks_dtype(self) -> torch.dtype:

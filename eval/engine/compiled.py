@@ -126,19 +126,26 @@ def _step(body, logits, cache, ids, pos, mask, last_only: bool) -> tuple[torch.T
     return hidden, logits(hidden[-1:] if last_only else hidden)  # (q or 1, V)
 
 
-_COMPILED: dict[str, Callable] = {}  # device type -> the compiled `_step`
+_COMPILED: dict[tuple[str, str], Callable] = {}  # (function, device type) -> its compiled version
 
 
 def compiled_step(device: torch.device) -> Callable:
     """The compiled `_step` for `device`; the first call of each new shape compiles it (minutes on a CPU)."""
-    if device.type not in _COMPILED:
+    return compiled_function(_step, device)
+
+
+def compiled_function(fn: Callable, device: torch.device) -> Callable:
+    """`fn` through torch.compile with this module's options for `device` (one graph per input shape and per
+    module passed in; modules' weights frozen into the graph on a CPU); the first call of each compiles it."""
+    key = (f"{fn.__module__}.{fn.__qualname__}", device.type)
+    if key not in _COMPILED:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir())  # read by inductor on each cache access
         limit = torch._dynamo.config.recompile_limit
         torch._dynamo.config.recompile_limit = max(limit, _RECOMPILE_LIMIT)
         options = inductor_options(device)
-        step = torch.compile(_step, fullgraph=True, dynamic=False, options=options)  # one graph per width
-        _COMPILED[device.type] = _with_freezing(step) if options.get("freezing") else step
-    return _COMPILED[device.type]
+        step = torch.compile(fn, fullgraph=True, dynamic=False, options=options)  # one graph per shape
+        _COMPILED[key] = _with_freezing(step) if options.get("freezing") else step
+    return _COMPILED[key]
 
 
 def _with_freezing(step: Callable) -> Callable:

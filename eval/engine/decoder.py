@@ -142,7 +142,7 @@ class Decoder:
                     max_tokens=lookup_max_tokens,
                     min_score=lookup_min_score,
                 )
-        self.runner.compile_widths = {1, self.proposer.width if self.proposer else 1}  # the rest: eager
+        self.runner.compile_widths = {1, *verify_widths(self.proposer)}  # the rest: eager
         self.eos_token_ids = eos_token_ids(backbone)
         self._sync = torch.cuda.synchronize if self.device.type == "cuda" else _no_sync
 
@@ -205,6 +205,7 @@ class Decoder:
         self._sync()
         t_prev = clock()
         stats.time_s["prefill"] = t_prev - t0
+        widths = verify_widths(proposer)
         done = out[0] in eos or max_new == 1
         while not done:
             draft = proposer.propose(context, sampling) if proposer is not None else None
@@ -220,9 +221,10 @@ class Decoder:
             else:
                 ids = torch.cat([root, draft.tokens])  # (N,) root + candidates
                 verify_tree = draft.tree
-                if runner.fixed_shapes and draft.tree.size < proposer.width:  # fixed shapes: pad
-                    verify_tree = draft.tree.padded(proposer.width)
-                    ids = torch.cat([ids, ids.new_zeros(proposer.width - draft.tree.size)])
+                if runner.fixed_shapes and draft.tree.size not in widths:  # fixed shapes: pad
+                    width = next(w for w in widths if w > draft.tree.size)
+                    verify_tree = draft.tree.padded(width)
+                    ids = torch.cat([ids, ids.new_zeros(width - draft.tree.size)])
                 hidden, logits = runner.step(ids, verify_tree)
                 self._sync()
                 t_verify = clock()
@@ -281,6 +283,14 @@ class Decoder:
 
 def _no_sync() -> None:
     pass
+
+
+def verify_widths(proposer: Proposer | None) -> tuple[int, ...]:
+    """The widths a fixed-shape decoder (compiled, CUDA graphs) verifies at, one graph each: a tree is padded to
+    the smallest that holds it (proposers/base.py: `widths`, default the proposer's `width` alone)."""
+    if proposer is None:
+        return (1,)
+    return getattr(proposer, "widths", (proposer.width,))
 
 
 def build_decoder(

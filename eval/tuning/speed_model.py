@@ -121,8 +121,9 @@ class LookupStep:
 @dataclass
 class Branch:
     """A lookup branch to model: the probe's steps and the search's seconds per step. `padded` (0: not): the
-    branch's length when verify steps run at fixed shapes (compiled, eval/engine/compiled.py), where every step
-    is padded to the tree plus that many nodes, whatever the chain added that step."""
+    branch's length when verify steps run at fixed shapes (compiled, eval/engine/compiled.py), where a step the
+    chain added nodes to is padded to the tree plus that many nodes, and the others verify the tree alone (the
+    decoder's two widths, eval/engine/proposers/lookup_branch.py)."""
 
     steps: list[LookupStep]
     search_s: float
@@ -170,8 +171,9 @@ def predict(setting: Setting, acc: list[list[float]], costs: Costs, branch: Bran
         gain, added = branch_effect(setting.tree, branch.steps)
         e, search = e + gain, branch.search_s
         extra = {"lookup_gain": gain, "lookup_nodes": sum(k * p for k, p in added.items())}
-        if branch.padded:  # every step verifies the tree plus the whole branch
-            added = {branch.padded: 1.0}
+        if branch.padded:  # a step the chain added to verifies the tree plus the whole branch
+            none = added.get(0, 0.0)
+            added = {0: none, branch.padded: 1.0 - none} if none < 1.0 else {0: 1.0}
     width = setting.tree.size
     step = sum(p * costs.step(setting, width + k) for k, p in (added or {0: 1.0}).items()) + search
     return {

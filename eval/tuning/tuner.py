@@ -48,8 +48,9 @@ log = logging.getLogger("headstart.eval")
 # 5: compiled steps priced over cache-length buckets (eval/engine/runner.py), not the whole preallocated cache;
 # 6: steps priced at the probe's median sequence, not its first (a compiled step's cost depends on the bucket);
 # 7: the lookup branch's length chosen too (`branch_tokens`, up to the eval's lookup_tokens); 8: compiled steps
-# priced at the branch's whole width, as the decoder pads them; 9: the finalists priced by decoding them
-VERSION = 9
+# priced at the branch's whole width, as the decoder pads them; 9: the finalists priced by decoding them; 10: a
+# compiled step the branch added nothing to verifies the tree alone (the decoder's two widths), the Medusa draft compiled
+VERSION = 10
 LOOKUP_KEY = "lookup search"  # the branch's cost, timed beside the drafter's settings
 # verify widths timed (up to max_width); compiled, each width compiles once (minutes on a CPU): fewer of them,
 # the costs between interpolated
@@ -437,15 +438,14 @@ def tune(
     acc, source = _acceptance(cfg, hooks, m, use)
     settings = hooks.settings(acc, m.max_width)
     chains = [hooks.chain(k) for k in range(1, min(hooks.max_chain, len(acc)) + 1)]
-    calls = hooks.draft_steps(
-        backbone, {s.draft_key for s in settings + chains}, m.context[: len(prompts[0])]
-    )
+    keys = {s.draft_key for s in settings + chains}
+    calls = hooks.draft_steps(backbone, keys, m.context[: len(prompts[0])], use.compiled)
     if use.lookup_tokens:  # the branch's n-gram search, once per step
         ids = torch.tensor(m.context)
         calls[LOOKUP_KEY] = lambda: find_candidates(ids, MAX_NGRAM, use.lookup_tokens)
     costs = m.costs
     costs.draft = time_calls(calls, cfg.reps, backbone.device)
-    # compiled steps run at fixed shapes: every step pays the branch's whole width (the decoder pads to it)
+    # compiled steps run at fixed shapes: a step the chain added to pays the branch's whole width (padded)
     padded = use.lookup_tokens if use.compiled else 0
     branch = Branch(m.branch_steps, costs.draft.pop(LOOKUP_KEY), padded) if use.lookup_tokens else None
     ranked = (

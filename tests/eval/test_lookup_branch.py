@@ -120,6 +120,9 @@ def check_branch(backbone, make, max_new=40):
             out = dec.generate(prompt, max_new, eos_token_ids=[])
             assert out.tokens == vanilla.generate(prompt, max_new, eos_token_ids=[]).tokens, text
     assert branch.counts["won"] > 0 and branch.counts["added"] > branch.counts["won"], branch.counts
+    # fixed shapes: a step the chain added to is padded to the whole branch, the others verify the tree alone
+    widths = {spy.width + 4} | ({spy.width} if branch.counts["steps"] > branch.counts["added"] else set())
+    assert {width for width, _, _ in dec.runner._graphs} == widths and set(branch.widths) >= widths
     after_won = 0
     for context, draft, won in spy.steps:
         fresh = fresh_proposal(reference, context)

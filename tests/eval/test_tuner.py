@@ -135,22 +135,24 @@ def test_a_branch_costs_the_mean_of_its_widths_not_the_width_of_its_mean():
     assert pred["step_ms"] == pytest.approx(1000 * (1.0 + 2.0) / 2)  # not c(3 + 2) = 1.0
 
 
-def test_compiled_steps_pay_the_whole_branch_every_step():
-    """Compiled, the decoder pads every verify to the tree plus the whole branch (fixed shapes), so the branch
-    costs c(tree + n) on every step, not the mean over the widths its matches made; its gain is the same."""
-    steps = [LookupStep((), 0, (), 4), LookupStep((), 0, (), 0)]
+def test_compiled_steps_pay_the_whole_branch_when_it_adds_nodes():
+    """Compiled, the decoder pads a verify the chain added nodes to up to the tree plus the whole branch (fixed
+    shapes), and verifies the others at the tree's own width (its second graph): the branch costs c(tree + n)
+    on the steps it adds to, c(tree) on the rest; its gain is the same as eager."""
+    steps = [LookupStep((), 0, (), 2), LookupStep((), 0, (), 0)]  # the chain adds 2 nodes on half the steps
     costs = Costs(verify={1: 1.0, 5: 1.0, 6: 2.0, 8: 2.0}, draft={"d": 0.0}, bookkeeping={1: 0.0})
     chain2, acc = tree_from_paths([[0], [0, 0]]), [[0.5], [0.5]]
     eager = predict(Setting({}, chain2, "d"), acc, costs, Branch(steps, search_s=0.0))
     padded = predict(Setting({}, chain2, "d"), acc, costs, Branch(steps, search_s=0.0, padded=4))
-    assert eager["step_ms"] == pytest.approx(1500.0) and padded["step_ms"] == pytest.approx(
-        2000.0
-    )  # c(3 + 4)
+    assert eager["step_ms"] == pytest.approx(1000.0)  # (c(3 + 2) + c(3)) / 2
+    assert padded["step_ms"] == pytest.approx(1500.0)  # (c(3 + 4) + c(3)) / 2: padded to 7, not 5
     assert padded["tokens_per_step"] == eager["tokens_per_step"]
-    # each length the tuner weighs is padded to itself: a 1-token branch to width 4, 2 tokens to width 5
+    never = predict(Setting({}, chain2, "d"), acc, costs, Branch(steps[1:], search_s=0.0, padded=4))
+    assert never["step_ms"] == pytest.approx(1000.0)  # no step matched: all at the tree's width
+    # each length the tuner weighs is padded to itself: a 1-token branch to width 4, 3 tokens to width 6
     ranked = rank_with_branch([Setting({}, chain2, "d")], acc, costs, Branch(steps, 0.0, padded=4), 4)
     assert {p["branch_tokens"]: p["step_ms"] for _, p in ranked} == pytest.approx(
-        {0: 1000.0, 1: 1000.0, 2: 1000.0, 3: 2000.0, 4: 2000.0}
+        {0: 1000.0, 1: 1000.0, 2: 1000.0, 3: 1500.0, 4: 1500.0}
     )
     # past the widest measured width a cost would be the widest's: such settings are not ranked
     wide = Setting({}, tree_from_paths([[0], [1], [2], [0, 0], [0, 1]]), "d")  # width 6: with 3 tokens, 9 > 8

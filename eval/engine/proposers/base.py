@@ -63,6 +63,9 @@ class Proposer(Protocol):
         """path = accepted node indices of the last proposal (root first; [0] after a plain step);
         hidden (q, H) = the target's final hidden states of that verify forward (a buffer: copy what you keep)."""
 
+    # Optional: `widths`, the verify widths its steps fall into, increasing, the last = `width` (default: `width`
+    # alone). Where steps run at fixed shapes (compiled, CUDA graphs) the decoder pads a tree to the smallest of
+    # them that holds it: one graph each.
     # Optional: `verified(logits)`, called after a verify forward and before `accepted`, with that forward's
     # logits (q, V) (a buffer: take what you need now). Lookahead decoding reads its Jacobi step there instead of
     # applying the lm_head to `hidden` a second time.

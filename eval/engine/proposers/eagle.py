@@ -248,9 +248,10 @@ class EagleTuning:
     def chain(self, k: int) -> Setting:
         return Setting(chain_options(k, self.drafter)[0], chain_tree(k), f"depth{k}_topk1")
 
-    def draft_steps(self, backbone, keys: set[str], context: list[int]) -> dict:
+    def draft_steps(self, backbone, keys: set[str], context: list[int], compile: bool = False) -> dict:
         """{key: a callable running one draft step of that key}: a proposer per key, started on one prefill of
-        `context`, then proposing (one new row each time, as after a step that accepted nothing)."""
+        `context`, then proposing (one new row each time, as after a step that accepted nothing). Eager whatever
+        `compile` says: EAGLE proposers draft eagerly in a compiled decoder too."""
         from headstart.eval.engine.runner import ModelRunner
 
         device, greedy = backbone.device, Sampling()

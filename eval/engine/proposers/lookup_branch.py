@@ -61,6 +61,7 @@ class LookupBranch:
             raise ValueError(f"lookup_tokens={num_tokens}: must be >= 1 (0 = no lookup branch)")
         self.inner, self.k, self.max_ngram, self.device = inner, num_tokens, max_ngram, device
         self.width = inner.width + num_tokens
+        self.widths = (inner.width, self.width)  # steps the chain added nothing to, the rest
         self.counts = {"steps": 0, "added": 0, "won": 0}
         self._first = None  # the first lookup-only node of the last proposal (None: it added none)
 

@@ -69,6 +69,7 @@ class LookupChoice:
         self.base, self.most = (None, num_tokens) if max_tokens is None else (num_tokens, max_tokens)
         self.max_ngram = max_ngram if max_tokens is None else max(max_ngram, max_tokens)
         self.width = max(inner.width, self.most + 1)
+        self.widths = tuple(sorted({inner.width, self.most + 1}))  # the drafter's steps, the chain's
         self.counts = {"steps": 0, "lookup": 0}
         # the suffix trees live as long as the decoder: every earlier reply joins the global tree, as in vLLM
         self.suffix, self.min_score = (None, None) if min_score is None else (SuffixLookup(), min_score)
