@@ -42,8 +42,8 @@ class DraftStep(nn.Module):
     def __init__(self, heads: MedusaHeads, tree: Tree, device: torch.device) -> None:
         super().__init__()
         self.heads, self.depth = heads, tree.max_depth  # heads beyond the tree's depth are never evaluated
-        index, self.topk = tree.medusa_index(device)  # (n,) into the flattened (depth, topk) table
-        self.register_buffer("index", index, persistent=False)
+        # (n,) into the flattened (depth, topk) table: the tree's, not a weight (no buffer: not drafter memory)
+        self.index, self.topk = tree.medusa_index(device)
         self.count = 0
         for w in heads.projections(self.depth):
             self.register_buffer(f"projection{self.count}", w.detach(), persistent=False)
