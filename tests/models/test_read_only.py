@@ -37,7 +37,9 @@ def world(backbone):
 
 def as_nobody(*argv: str) -> subprocess.CompletedProcess:
     cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, *argv]
-    env = {**os.environ, "HOME": "/tmp", "HEADSTART_CACHE": "/tmp/headstart-ro-cache"}
+    # not this process's inductor cache either (set by the compiled decoder's first compile: root's home)
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    env |= {"HOME": "/tmp", "HEADSTART_CACHE": "/tmp/headstart-ro-cache"}
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
