@@ -214,7 +214,7 @@ class MedusaHeads(DrafterBase):
         """Without labels: hidden (..., H) -> logits (depth, ..., Dv) of the first `depth` heads (default all),
         for decoding a few positions (over draft ids when truncated: `to_target` maps them); `root` (...) the
         token each position's backbone chose next (read by `root_token` heads only); `projections`: the
-        vocabulary projections to use instead of `projections(depth)`'s (a compiled decoder's copies, held as
+        vocabulary projections to use instead of `projections(depth)`'s (a compiled decoder's views of them, held as
         its buffers). With labels: the training loss (see `loss`; `input_ids` give the roots); going through
         forward lets DDP/FSDP hook in."""
         if labels is not None:
