@@ -3,6 +3,7 @@
     python eval/tune.py --checkpoint runs/<run>/drafter [--device cpu] [--dtype bfloat16] [--force]
         [--lookup-tokens N]   # choose the tree and a prompt-lookup branch of up to N tokens together
         [--temperature T]     # the record for sampled decoding (T > 0); greedy by default
+        [--eval-prompts dev spec_bench --limit-per-category 2 --max-new-tokens 128]  # priced at their lengths
     ./launch.sh tune --checkpoint runs/<run>          # a run folder: its drafter/
 
 Prints the measured costs, the chosen tree (or plain decoding, when no setting is predicted faster) and vLLM's K
@@ -25,10 +26,12 @@ from headstart.eval.engine.compiled import COMPILE_MODES
 from headstart.eval.engine.compiled import resolve as resolve_compile
 from headstart.eval.stage.config import EvalConfig
 from headstart.eval.stage.evaluate import resolve_device
+from headstart.eval.stage.prompts import load_prompts
 from headstart.eval.timing.openmp import spin_when_idle
 from headstart.eval.tuning.prompts import DEFAULT_TUNING_PROMPTS, probe_prompts
 from headstart.eval.tuning.records import Tuned, load_or_tune
 from headstart.eval.tuning.tuner import PLAIN, TunerConfig, Use
+from headstart.eval.tuning.workload import of_prompts
 from headstart.models import registry
 from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import LoadedDrafter, load_drafter, read_meta, resolve_checkpoint
@@ -64,6 +67,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--compile", default="eager", choices=COMPILE_MODES, help="the eval's compile setting")
     p.add_argument("--max-cache-len", type=int, default=EvalConfig.max_cache_len,
                    help="the eval's max_cache_len (compiled steps are timed at that cache length)")  # fmt: skip
+    p.add_argument("--eval-prompts", nargs="+", default=[],
+                   help="the eval's prompts (files or dev / spec_bench): steps are priced at their context lengths, "
+                   "as the eval's tuner.workload=eval does; none: at the probe's own (tuner.workload=probe)")  # fmt: skip
+    p.add_argument("--limit-per-category", type=int, default=EvalConfig.limit_per_category,
+                   help="the eval's limit_per_category")  # fmt: skip
+    p.add_argument("--max-new-tokens", type=int, default=EvalConfig.max_new_tokens,
+                   help="the eval's max_new_tokens")  # fmt: skip
     p.add_argument(
         "--draft-weights",
         default="auto",
@@ -89,7 +99,11 @@ def main(argv: list[str] | None = None) -> None:
         probe = probe_prompts(cfg.prompts, backbone, cfg.probe_prompts)
         method = registry.get(meta["method"]).proposer
         cache = args.max_cache_len if resolve_compile(args.compile, backbone.device) else 0
-        use = Use(args.temperature, args.top_p, args.lookup_tokens, cache)
+        workload = ()
+        if args.eval_prompts:  # their lengths, never their text
+            scored = load_prompts(args.eval_prompts, args.limit_per_category).prompts
+            workload = of_prompts(backbone.tokenizer, scored, args.max_new_tokens, args.max_cache_len)
+        use = Use(args.temperature, args.top_p, args.lookup_tokens, cache, workload, args.max_new_tokens)
         tuned = load_or_tune(method, backbone, loaded, probe, cfg, use, keep=not args.out)
         if tuned is None:
             raise ValueError(

@@ -36,6 +36,7 @@ CONDITION_KEYS = (
     "draft_weights",
     "weights",
     "compiled",
+    "workload",
 )
 GREEDY, SAMPLED, UNKNOWN = (
     "greedy",
@@ -61,6 +62,7 @@ def describe(record: dict) -> str:
     threads = f", {c['threads']} threads" if c.get("threads") else ""
     branch = f", lookup branch up to {record['lookup_tokens']}" if record.get("lookup_tokens") else ""
     branch += ", compiled steps" if c.get("compiled") else ""
+    branch += f", priced at {len(c['workload'])} context lengths" if c.get("workload") else ""
     temp = c["temperature"] if c["temperature"] != UNKNOWN else "temperature not recorded"
     return (
         f"{temp}, {where}, {c.get('dtype')}{threads}, {c['draft_weights']} drafter{branch}, "

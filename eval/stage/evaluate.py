@@ -33,6 +33,8 @@ from headstart.eval.stage.prompts import PromptSet, chat_ids, load_prompts
 from headstart.eval.tuning.prompts import normalise, probe_prompts, refuse_overlap
 from headstart.eval.tuning.records import Tuned, decoding_report, load_or_tune
 from headstart.eval.tuning.tuner import Use
+from headstart.eval.tuning.workload import describe as describe_workload
+from headstart.eval.tuning.workload import of_prompts
 from headstart.hardware import DtypeChoice, announce, machine_facts, resolve_dtype
 from headstart.models import registry
 from headstart.models.backbone import Backbone, BackboneConfig, eos_token_ids, load_backbone
@@ -173,7 +175,16 @@ class Evaluator:
         refuse_overlap(probe, self.prompts)
         scored = {normalise(t) for p in self.prompts.prompts for t in p.turns}
         compiled = resolve_compile(cfg.compile, backbone.device)  # priced as the eval's decoder runs
-        use = Use(cfg.temperature, cfg.top_p, cfg.lookup_tokens, cfg.max_cache_len if compiled else 0)
+        workload = ()
+        if cfg.tuner.workload == "eval":  # the scored prompts' lengths, never their text
+            workload = of_prompts(
+                backbone.tokenizer, self.prompts.prompts, cfg.max_new_tokens, cfg.max_cache_len
+            )
+            log.info(
+                "tuner: steps priced at the scored prompts' context lengths: %s", describe_workload(workload)
+            )
+        cache = cfg.max_cache_len if compiled else 0
+        use = Use(cfg.temperature, cfg.top_p, cfg.lookup_tokens, cache, workload, cfg.max_new_tokens)
         return load_or_tune(method, backbone, loaded, probe, cfg.tuner, use, scored)
 
     def evaluate(

@@ -52,7 +52,7 @@ def planned_threads(cfg: TunerConfig) -> int:
 def conditions(backbone, loaded: LoadedDrafter, use: Use = GREEDY, threads: int | None = None) -> dict:
     """What a record is valid for: the temperature class, device, dtype, CPU threads (`threads`; None: torch's
     count now), the weights it was measured on, how the drafter's layers were stored (int8 / native:
-    models/int8.py; the draft costs differ) and whether the verify steps run compiled."""
+    models/int8.py; the draft costs differ), whether the verify steps run compiled, and at which context lengths."""
     dev = backbone.device
     return {
         "temperature": temperature_class(use.temperature),
@@ -64,6 +64,8 @@ def conditions(backbone, loaded: LoadedDrafter, use: Use = GREEDY, threads: int 
         "torch": torch.__version__,
         "weights": weights_signature(loaded.path) if loaded.path else None,
         "compiled": use.compiled,
+        # the context lengths steps were priced at, with their shares (eval/tuning/workload.py); None: the probe's
+        "workload": [[n, share] for n, share in use.workload] or None,
     }
 
 

@@ -15,7 +15,7 @@ device; vanilla decoding is the same loop at width 1 without a drafter:
     tokens/s = E / (c(W) + d(setting) + b(W))            speedup = tokens/s * (c(1) + b(1))
 
 (Leviathan et al. 2023, Sec. 3.4, with the drafter's cost kept). Costs between measured widths are linear
-interpolations.
+interpolations, or for compiled steps the next measured width's (`Costs.between`).
 
 A prompt-lookup branch merged into the tree (eval/engine/proposers/lookup_branch.py) is modelled from the
 tuner's probe, step by step rather than by a table: each probe step records the ranks along the path the target
@@ -47,15 +47,23 @@ class Costs:
     draft: dict[str, float]  # Setting.draft_key -> seconds of the drafter per step
     bookkeeping: dict[int, float]  # width -> seconds per step outside the forwards (interpolated)
     prefill: float = 0.0
+    # a verify width between timed ones: "linear" (interpolated), or "next" (the next timed width's cost):
+    # compiled, each width is its own graph and the cost is a step function of the width (micro-GEMM blocks:
+    # SmolLM2 float32 AVX2, compiled, w4 26.0 ms, w8 34.5; a 7-wide verify decoded near w8's cost, not the
+    # 32.4 ms a line between them gives), so a width not timed is priced at its bound
+    between: str = "linear"
 
     @staticmethod
-    def _at(table: dict[int, float], width: int) -> float:
+    def _at(table: dict[int, float], width: float, between: str = "linear") -> float:
         xs = sorted(table)
+        if between == "next":
+            return table[next((x for x in xs if x >= width), xs[-1])]
         return float(np.interp(width, xs, [table[x] for x in xs]))
 
     def step(self, setting: Setting, width: float = 0.0) -> float:
         w = width or setting.tree.size
-        return self._at(self.verify, w) + self.draft[setting.draft_key] + self._at(self.bookkeeping, w)
+        verify = self._at(self.verify, w, self.between)
+        return verify + self.draft[setting.draft_key] + self._at(self.bookkeeping, w)
 
     def vanilla_step(self) -> float:
         return self._at(self.verify, 1) + self._at(self.bookkeeping, 1)
@@ -73,6 +81,7 @@ class Costs:
             draft=dict(d["draft"]),
             bookkeeping={int(w): v for w, v in d["bookkeeping"].items()},
             prefill=d.get("prefill", 0.0),
+            between=d.get("between", "linear"),
         )
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -40,6 +40,7 @@ from headstart.eval.tuning.speed_model import (
     rank,
     rank_with_branch,
 )
+from headstart.eval.tuning.workload import Workload, contexts, weighted
 from headstart.models.checkpoint import LoadedDrafter
 
 log = logging.getLogger("headstart.eval")
@@ -49,14 +50,17 @@ log = logging.getLogger("headstart.eval")
 # 6: steps priced at the probe's median sequence, not its first (a compiled step's cost depends on the bucket);
 # 7: the lookup branch's length chosen too (`branch_tokens`, up to the eval's lookup_tokens); 8: compiled steps
 # priced at the branch's whole width, as the decoder pads them; 9: the finalists priced by decoding them; 10: a
-# compiled step the branch added nothing to verifies the tree alone (the decoder's two widths), the Medusa draft compiled
-VERSION = 10
+# compiled step the branch added nothing to verifies the tree alone (the decoder's two widths), the Medusa draft compiled;
+# 11: steps priced at the eval's context lengths (eval/tuning/workload.py), the finalists decoded after each
+VERSION = 11
 LOOKUP_KEY = "lookup search"  # the branch's cost, timed beside the drafter's settings
 # verify widths timed (up to max_width); compiled, each width compiles once (minutes on a CPU): fewer of them,
 # the costs between interpolated
 WIDTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128)
 COMPILED_WIDTHS = (1, 2, 4, 8, 16, 32, 64, 96)
 MODES = ("auto", "force", "off")
+WORKLOADS = ("eval", "probe")
+DEFAULT_PROBE_TOKENS = 48  # tuner.probe_tokens=0 without an eval's max_new_tokens
 PLAIN, SPECULATE = "plain", "speculate"  # a record's `choice`
 
 
@@ -80,7 +84,10 @@ class TunerConfig:
     # gain). 6: on the main job's heads two prompts put the branch's gain anywhere from 0.11 to 0.52 tokens per
     # step depending on which two; six gave 0.37, the 22 dev prompts ~0.3
     probe_prompts: int = 6
-    probe_tokens: int = 48  # new tokens per probe prompt
+    # new tokens per probe prompt, and per finalist decode; 0: as many as the eval's answers (max_new_tokens;
+    # 48 where no eval is named): the lookup branch's chain is searched over the context the answer so far
+    # makes, and the confirm's step costs over the cache it fills, so both are priced at the eval's length
+    probe_tokens: int = 0
     # auto: the checkpoint's own table when it has one (Medusa's held-out head accuracies) and the eval is
     # greedy, else measured by the probe; measured: always the probe's
     acceptance: str = "auto"
@@ -92,16 +99,24 @@ class TunerConfig:
     # the model's best settings re-priced by decoding each beside plain decoding (eval/tuning/confirm.py): the
     # parts timed apart missed ~5 ms of a 44 ms compiled step under AVX2 kernels; 0: the model's price stands
     confirm: int = 3
+    # the context lengths steps are priced at: eval: the scored prompts' lengths (never their text), grouped by
+    # cache bucket and weighted by their share of the decode steps (eval/tuning/workload.py); probe: the probe's
+    # median sequence alone (on the main job's heads that priced a 7-wide verify over short prompts, and it lost
+    # to a 4-wide one over the eval's long ones)
+    workload: str = "eval"
 
     def __post_init__(self) -> None:
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"tuner.workload={self.workload!r}: expected one of {WORKLOADS}")
         if self.mode not in MODES or self.acceptance not in ("auto", "measured"):
             raise ValueError(
                 f"tuner.mode={self.mode!r} / tuner.acceptance={self.acceptance!r}: expected mode in {MODES} "
                 "and acceptance in (auto, measured)"
             )
-        if self.reps < 3 or self.max_width < 0 or self.probe_prompts < 1 or self.probe_tokens < 4:
+        if self.reps < 3 or self.max_width < 0 or self.probe_prompts < 1 or 0 < self.probe_tokens < 4:
             raise ValueError(
-                "tuner: reps >= 3, max_width >= 0, probe_prompts >= 1 and probe_tokens >= 4 expected"
+                "tuner: reps >= 3, max_width >= 0, probe_prompts >= 1 and probe_tokens >= 4 (or 0: the eval's "
+                "max_new_tokens) expected"
             )
         if self.threads < 0 or self.confirm < 0:
             raise ValueError(
@@ -119,12 +134,16 @@ class Use:
     """What the settings are chosen for: the eval's sampling (the probe decodes with it; temperature 0 and
     above 0 are separate records), the prompt-lookup branch carried on the tree (0: none), and whether the
     verify forwards run compiled (eval/engine/compiled.py) over a KV cache of `compile_cache` positions (0:
-    eager). Compiled steps are priced compiled, at that cache length, so the eval reuses the graphs."""
+    eager). Compiled steps are priced compiled, at that cache length, so the eval reuses the graphs. `workload`:
+    the context lengths the eval's steps run at, with their shares (eval/tuning/workload.py); steps are priced
+    at each and weighted ((): at the probe's median sequence)."""
 
     temperature: float = 0.0
     top_p: float = 1.0
     lookup_tokens: int = 0
     compile_cache: int = 0
+    workload: Workload = ()
+    new_tokens: int = 0  # the eval's max_new_tokens (0: not known; tuner.probe_tokens=0 then probes 48)
 
     @property
     def compiled(self) -> bool:
@@ -305,6 +324,9 @@ class Measured:
     context: list[int]
     max_width: int
     branch_steps: list[LookupStep] = field(default_factory=list)
+    priced: list[list[int]] = field(
+        default_factory=list
+    )  # the contexts steps were priced after, one a length
 
 
 @dataclass
@@ -342,9 +364,11 @@ def measure(method, backbone, loaded: LoadedDrafter, prompts: list[list[int]], c
     """Costs without the drafter's, and acceptance by depth and rank from the probe (see `Measured`)."""
     cache = max(len(p) for p in prompts) + cfg.probe_tokens + 512
     run = _probe(method, backbone, loaded, prompts, cfg, hooks, use, cache)
-    # steps priced at a typical cache length, the probe's median sequence (a compiled step's cost grows with the
-    # cache bucket it attends over, so the first or longest sequence misprices every other step)
-    context = sorted(run.sequences, key=len)[len(run.sequences) // 2]
+    # without a workload, steps priced at a typical cache length, the probe's median sequence (a compiled step's
+    # cost grows with the cache bucket it attends over, so the first or longest sequence misprices every other)
+    by_length = sorted(run.sequences, key=len)
+    context = by_length.pop(len(by_length) // 2)
+    priced = contexts([context, *by_length], use.workload) if use.workload else [context]
     branch = lookup_steps(run.groups[1:], run.sequences) if use.lookup_tokens else []  # [0]: the warm-up
     hits, trials = [], []
     for step in (s for g in run.groups for s in g):
@@ -358,11 +382,16 @@ def measure(method, backbone, loaded: LoadedDrafter, prompts: list[list[int]], c
     widths = [w for w in (COMPILED_WIDTHS if use.compiled else WIDTHS) if w <= max_width]
     shapes = {str(w): (w, None if w == 1 else chain_tree(w - 1)) for w in widths}
     compiled = dict.fromkeys(shapes, True) if use.compiled else None
-    timed = step_costs(backbone, shapes, context, cfg.reps, compiled, max_cache_len=use.compile_cache)
-    raw = {int(w): s for w, s in timed.items()}
-    costs = Costs(verify=non_decreasing(raw), draft={}, bookkeeping=run.bookkeeping, prefill=run.prefill_s)
+    timed = [
+        step_costs(backbone, shapes, c, cfg.reps, compiled, max_cache_len=use.compile_cache) for c in priced
+    ]
+    raw = {int(w): s for w, s in (weighted(timed, use.workload) if use.workload else timed[0]).items()}
+    costs = Costs(verify=non_decreasing(raw), draft={}, bookkeeping=run.bookkeeping, prefill=run.prefill_s,
+                  between="next" if use.compiled else "linear")  # fmt: skip
     probe["verify_s_as_timed"] = {str(w): t for w, t in raw.items()}  # before the non-decreasing fit
-    return Measured(costs, measured, probe, context, max_width, branch)
+    if use.workload:
+        probe["verify_s_by_context"] = {str(len(c)): t for c, t in zip(priced, timed)}
+    return Measured(costs, measured, probe, context, max_width, branch, priced)
 
 
 # ---------------------------------------------------------------- choosing
@@ -429,6 +458,7 @@ def tune(
     adds them, eval/tuning/records.py), None when the proposer has no tuning hooks. With `use.lookup_tokens`,
     the tree is chosen for the decoder that carries a prompt-lookup branch of that many tokens
     (eval/tuning/speed_model.py models it); vLLM's chain never has one. Runs under the caller's thread count."""
+    cfg = replace(cfg, probe_tokens=cfg.probe_tokens or use.new_tokens or DEFAULT_PROBE_TOKENS)
     served = {k: v for k, v in loaded.drafter.serving(backbone, loaded.meta).items() if v is not None}
     hooks = tuning(method, backbone, **served)
     if hooks is None:
@@ -440,11 +470,15 @@ def tune(
     chains = [hooks.chain(k) for k in range(1, min(hooks.max_chain, len(acc)) + 1)]
     keys = {s.draft_key for s in settings + chains}
     calls = hooks.draft_steps(backbone, keys, m.context[: len(prompts[0])], use.compiled)
-    if use.lookup_tokens:  # the branch's n-gram search, once per step
-        ids = torch.tensor(m.context)
-        calls[LOOKUP_KEY] = lambda: find_candidates(ids, MAX_NGRAM, use.lookup_tokens)
+    searched = [torch.tensor(c) for c in m.priced or [m.context]]
+    if use.lookup_tokens:  # the branch's n-gram search, once per step, after each priced context
+        for i, ids in enumerate(searched):
+            calls[f"{LOOKUP_KEY} {i}"] = lambda ids=ids: find_candidates(ids, MAX_NGRAM, use.lookup_tokens)
     costs = m.costs
     costs.draft = time_calls(calls, cfg.reps, backbone.device)
+    if use.lookup_tokens:
+        search = [{LOOKUP_KEY: costs.draft.pop(f"{LOOKUP_KEY} {i}")} for i in range(len(searched))]
+        costs.draft |= weighted(search, use.workload) if use.workload else search[0]
     # compiled steps run at fixed shapes: a step the chain added to pays the branch's whole width (padded)
     padded = use.lookup_tokens if use.compiled else 0
     branch = Branch(m.branch_steps, costs.draft.pop(LOOKUP_KEY), padded) if use.lookup_tokens else None
@@ -458,8 +492,8 @@ def tune(
     plain_s, confirmed = costs.vanilla_step(), {}
     # the model's finalists decoded beside plain decoding: their prices become the decoded ones
     if cfg.confirm:
-        ranked, plain_s = confirm.confirm(method, backbone, loaded, ranked, m.context, n=cfg.confirm,
-                                          new_tokens=cfg.probe_tokens, reps=cfg.reps, use=use,
+        ranked, plain_s = confirm.confirm(method, backbone, loaded, ranked, m.priced or [m.context],
+                                          n=cfg.confirm, new_tokens=cfg.probe_tokens, reps=cfg.reps, use=use,
                                           prompts=prompts)  # fmt: skip
         confirmed = {"confirmed": _listed(ranked), "plain_step_ms": 1000 * plain_s}
     (best, pred), (chain, chain_pred) = ranked[0], ranked_k[0]

@@ -303,6 +303,8 @@ def test_eval_uses_the_tuned_settings_and_user_options_win(ckpt, prompts, tmp_pa
     d = report["decoding"]
     assert d["source"] == "tuner" and d["reused"] is False and saved is not None
     assert d["choice"] == saved["choice"] == "speculate" and d["predicted_speedup_steady"] > 1
+    ((length, share),) = saved["conditions"]["workload"]  # one cache bucket: the prompts are a few tokens
+    assert 0 < length < 64 and share == 1.0
     assert report["timing"]["verify_width"] == saved["decoder_summary"]["verify_width"]
     assert d["predicted_speedup"] > 0 and d["ratio"] == pytest.approx(
         d["measured_speedup"] / d["predicted_speedup"]
@@ -491,7 +493,7 @@ def test_finalists_are_repriced_by_their_decoded_steps(ckpt, monkeypatch):
 
     monkeypatch.setattr(confirm, "decoded_costs", decoded)
     out, plain = confirm.confirm(
-        "medusa", bb, loaded, ranked, [5, 6, 7, 8], n=2, new_tokens=4, reps=3, use=Use()
+        "medusa", bb, loaded, ranked, [[5, 6, 7, 8]], n=2, new_tokens=4, reps=3, use=Use()
     )
     assert seen == {"plain": 1, "0": 4, "1": 2}  # each finalist decoded as the eval builds it
     assert plain == 0.010 and [s.tree.size for s, _ in out] == [2, 4]
@@ -500,7 +502,7 @@ def test_finalists_are_repriced_by_their_decoded_steps(ckpt, monkeypatch):
     assert first["step_ms_modelled"] == 10.0 and out[1][1]["speedup"] == pytest.approx(2.0 / 3)
     assert "tokens_per_step_modelled" not in first  # greedy: acceptance stays the model's
     # sampling: each finalist's tokens per step decoded on the probe's prompts, the model's kept beside
-    out, _ = confirm.confirm("medusa", bb, loaded, ranked, [5, 6, 7, 8], n=2, new_tokens=6, reps=3,
+    out, _ = confirm.confirm("medusa", bb, loaded, ranked, [[5, 6, 7, 8]], n=2, new_tokens=6, reps=3,
                              use=Use(temperature=1.0), prompts=[[5, 6, 7], [9, 10]])  # fmt: skip
     for _, pred in out:
         assert pred["tokens_per_step_modelled"] in (2.0, 1.5) and 1.0 <= pred["tokens_per_step"] <= 4.0
@@ -528,3 +530,15 @@ def test_decoded_costs_time_each_decoder_after_an_untimed_round(ckpt):
     )
     assert len(calls) == 2 * 3 and set(calls) == {5}  # 6 tokens: the prefill's and 5 steps, no EOS stop
     assert set(costs) == {"a", "b"} and all(0 < t < 1 for t in costs.values())
+
+
+def test_compiled_widths_between_the_timed_ones_cost_the_next_timed_width():
+    """Compiled, each width is its own graph and the cost a step function of the width: a 7-wide verify is
+    priced at the 8-wide graph's cost, not on a line from the 4-wide one; eager costs stay interpolated."""
+    verify = {1: 1.0, 4: 2.0, 8: 4.0}
+    seven = Setting({}, chain_tree(6), "d")
+    linear = Costs(verify=verify, draft={"d": 0.0}, bookkeeping={1: 0.0})
+    nxt = Costs(verify=verify, draft={"d": 0.0}, bookkeeping={1: 0.0}, between="next")
+    assert linear.step(seven) == pytest.approx(3.5) and nxt.step(seven) == pytest.approx(4.0)
+    assert nxt.step(seven, width=4) == 2.0 and nxt.vanilla_step() == 1.0
+    assert Costs.from_json(nxt.to_json()) == nxt

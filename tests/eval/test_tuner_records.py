@@ -331,9 +331,11 @@ def test_a_record_tuned_with_out_names_the_weights_and_is_reused_beside_them(ckp
 
     out = tmp_path / "tuned"
     tune_main(["--checkpoint", str(ckpt), "--out", str(out), "--prompts", str(tuning), "--threads", "1",
-               "--reps", "3", "--dtype", "float32", "--device", "cpu"])  # fmt: skip
+               "--reps", "3", "--dtype", "float32", "--device", "cpu",
+               "--eval-prompts", str(scored), "--max-new-tokens", "8"])  # fmt: skip
     assert not (ckpt / "decoding.json").exists()
     (record,) = read_decodings(out)
+    assert record["conditions"]["workload"]  # priced at the eval's lengths, so the eval's condition
     assert record["conditions"]["weights"] == weights_signature(ckpt)
     shutil.copy(out / "decoding.json", ckpt / "decoding.json")
     assert _eval(ckpt, scored, tmp_path / "e", tuning)["decoding"]["reused"] is True
