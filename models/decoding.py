@@ -55,6 +55,11 @@ def condition_of(record: dict) -> tuple:
     return (record.get("version"), record.get("lookup_tokens", 0), *(c.get(k) for k in CONDITION_KEYS))
 
 
+def describe_workload(workload) -> str:
+    """(context tokens, share) pairs (eval/tuning/workload.py) as a phrase; none: the probe's own lengths."""
+    return ", ".join(f"{n} tokens {s:.0%}" for n, s in workload) or "the probe's median sequence"
+
+
 def describe(record: dict) -> str:
     """One line naming the condition a record was tuned under (for reports, cards and logs)."""
     c = {"temperature": UNKNOWN, "draft_weights": "native", **record.get("conditions", {})}
@@ -62,7 +67,7 @@ def describe(record: dict) -> str:
     threads = f", {c['threads']} threads" if c.get("threads") else ""
     branch = f", lookup branch up to {record['lookup_tokens']}" if record.get("lookup_tokens") else ""
     branch += ", compiled steps" if c.get("compiled") else ""
-    branch += f", priced at {len(c['workload'])} context lengths" if c.get("workload") else ""
+    branch += f", steps priced at {describe_workload(c['workload'])}" if c.get("workload") else ""
     temp = c["temperature"] if c["temperature"] != UNKNOWN else "temperature not recorded"
     return (
         f"{temp}, {where}, {c.get('dtype')}{threads}, {c['draft_weights']} drafter{branch}, "

@@ -33,13 +33,12 @@ from headstart.eval.stage.prompts import PromptSet, chat_ids, load_prompts
 from headstart.eval.tuning.prompts import normalise, probe_prompts, refuse_overlap
 from headstart.eval.tuning.records import Tuned, decoding_report, load_or_tune
 from headstart.eval.tuning.tuner import Use
-from headstart.eval.tuning.workload import describe as describe_workload
 from headstart.eval.tuning.workload import of_prompts
 from headstart.hardware import DtypeChoice, announce, machine_facts, resolve_dtype
 from headstart.models import registry
 from headstart.models.backbone import Backbone, BackboneConfig, eos_token_ids, load_backbone
 from headstart.models.checkpoint import LoadedDrafter, find_checkpoints, load_drafter, step_of
-from headstart.models.decoding import branch_tokens
+from headstart.models.decoding import branch_tokens, describe_workload
 from headstart.models.export.serve_card import find_serve_check
 from headstart.models.int8 import for_decoding, for_draft_model
 

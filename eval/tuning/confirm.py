@@ -24,7 +24,6 @@ import numpy as np
 from headstart.eval.engine.decoder import Decoder, build_decoder
 from headstart.eval.engine.proposers import VANILLA
 from headstart.eval.engine.proposers.base import Setting
-from headstart.eval.tuning.workload import weighted
 
 
 def step_s(decoder: Decoder, context: list[int], new_tokens: int, temperature: float, top_p: float) -> float:
@@ -64,7 +63,7 @@ def confirm(
     backbone,
     loaded,
     ranked: list[tuple[Setting, dict]],
-    contexts: list[list[int]],
+    context: list[int],
     *,
     n: int,
     new_tokens: int,
@@ -73,12 +72,11 @@ def confirm(
     prompts: list[list[int]] = (),
 ) -> tuple[list[tuple[Setting, dict]], float]:
     """The `n` best of `ranked` re-priced by decoding (see the module doc), fastest first, and plain decoding's
-    decoded step seconds. Decoded after each of `contexts`, one per length of `use.workload`, and weighted by
-    its shares (no workload: one context). Each prediction keeps the model's step as `step_ms_modelled`; `step_ms`, `tokens_per_s`
+    decoded step seconds. Each prediction keeps the model's step as `step_ms_modelled`; `step_ms`, `tokens_per_s`
     and `speedup` become the decoded ones (speedup over plain decoding decoded the same way). Sampling
     (`use.temperature` > 0), `tokens_per_step` is decoded on `prompts` too (the model's kept as
     `tokens_per_step_modelled`)."""
-    cache = use.compile_cache or max(map(len, [*contexts, *prompts])) + new_tokens + 256
+    cache = use.compile_cache or max(map(len, [context, *prompts])) + new_tokens + 256
     compile = "auto" if use.compiled else "eager"
     finalists = ranked[:n]
     decoders = {"plain": Decoder(backbone, VANILLA, max_cache_len=cache, compile=compile)}
@@ -87,8 +85,7 @@ def confirm(
         decoders[str(i)] = build_decoder(
             method, backbone, loaded, max_cache_len=cache, compile=compile, **options
         )
-    by_context = [decoded_costs(decoders, c, new_tokens, reps, use.temperature, use.top_p) for c in contexts]
-    costs = weighted(by_context, use.workload) if use.workload else by_context[0]
+    costs = decoded_costs(decoders, context, new_tokens, reps, use.temperature, use.top_p)
     plain = costs["plain"]
     confirmed = []
     for i, (setting, pred) in enumerate(finalists):

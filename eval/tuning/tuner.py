@@ -446,6 +446,13 @@ def decide_speedup(speedup: float, what: str, min_gain: float) -> tuple[str, str
     return PLAIN, f"no setting is predicted faster than plain decoding: {what} at {speedup:.3f}x"
 
 
+def _largest(m: Measured, use: Use) -> list[int]:
+    """The context the finalists are decoded after: the workload's largest group's, else the probe's median."""
+    if not use.workload:
+        return m.context
+    return m.priced[max(range(len(use.workload)), key=lambda i: use.workload[i][1])]
+
+
 def tune(
     method: str,
     backbone,
@@ -492,7 +499,7 @@ def tune(
     plain_s, confirmed = costs.vanilla_step(), {}
     # the model's finalists decoded beside plain decoding: their prices become the decoded ones
     if cfg.confirm:
-        ranked, plain_s = confirm.confirm(method, backbone, loaded, ranked, m.priced or [m.context],
+        ranked, plain_s = confirm.confirm(method, backbone, loaded, ranked, _largest(m, use),
                                           n=cfg.confirm, new_tokens=cfg.probe_tokens, reps=cfg.reps, use=use,
                                           prompts=prompts)  # fmt: skip
         confirmed = {"confirmed": _listed(ranked), "plain_step_ms": 1000 * plain_s}

@@ -6,8 +6,9 @@ cache-length bucket (eval/engine/runner.py `bucket`), one graph each. Priced at 
 setting looked as cheap as a narrow one and lost where the eval's long RAG and summarization prompts put its steps
 (docs/results.md). So the eval describes its prompts by length alone: every decode position a turn will run at
 (the turn's prompt, its earlier turns and answers counted at max_new_tokens each, then each new token), grouped by
-the bucket a compiled step would attend over; each group is priced at its mean position and weighted by its share
-of the positions. Lengths only: the tuner never reads a scored prompt's text or answer, and the probe's prompts
+the bucket a compiled step would attend over; each group holding at least MIN_SHARE of them is priced at its mean
+position and weighted by its share. The finalists the tuner decodes (eval/tuning/confirm.py) are decoded after
+the largest group's length alone (each length decoded there costs compiled graphs: see MIN_SHARE). Lengths only: the tuner never reads a scored prompt's text or answer, and the probe's prompts
 (eval/tuning/prompts.py) still give acceptance.
 
 A workload is a tuple of (context tokens, share) pairs, shares summing to 1, lengths rounded to 16 tokens and
@@ -23,6 +24,11 @@ from headstart.eval.stage.prompts import Prompt, chat_ids
 
 Workload = tuple[tuple[int, float], ...]
 ROUND_TOKENS, ROUND_SHARE = 16, 0.05
+# a bucket holding fewer of the steps is left out (the rest renormalised): compiled, each bucket priced costs a
+# graph per verify width, and inductor keeps a prepacked copy of the weights in every graph without giving it
+# back (SmolLM2-135M float32: ~1 GB resident a graph, still 0.9 GB after torch._dynamo.reset() and
+# malloc_trim), so a tuner pricing 3 buckets for its finalists grew an eval past 20 GB of this 24 GB machine
+MIN_SHARE = 0.2
 
 
 def turn_lengths(tokenizer, prompts: list[Prompt], max_new_tokens: int) -> list[int]:
@@ -39,8 +45,8 @@ def turn_lengths(tokenizer, prompts: list[Prompt], max_new_tokens: int) -> list[
 
 def profile(lengths: list[int], max_new_tokens: int, max_cache_len: int) -> Workload:
     """The decode positions of turns starting at `lengths`, each running `max_new_tokens` steps, grouped by
-    cache bucket -> ((mean position, share), ...), smallest first; groups under half a share step dropped and
-    the rest renormalised."""
+    cache bucket -> ((mean position, share), ...), smallest first; groups under MIN_SHARE dropped and the rest
+    renormalised."""
     groups: dict[int, list[int]] = defaultdict(list)
     for n in lengths:
         for pos in range(n, min(n + max_new_tokens, max_cache_len)):
@@ -48,9 +54,7 @@ def profile(lengths: list[int], max_new_tokens: int, max_cache_len: int) -> Work
     total = sum(map(len, groups.values()))
     if not total:
         return ()
-    raw = {
-        b: (sum(p) / len(p), len(p) / total) for b, p in groups.items() if len(p) / total >= ROUND_SHARE / 2
-    }
+    raw = {b: (sum(p) / len(p), len(p) / total) for b, p in groups.items() if len(p) / total >= MIN_SHARE}
     norm = sum(s for _, s in raw.values())
     return tuple(
         (max(ROUND_TOKENS, round(mean / ROUND_TOKENS) * ROUND_TOKENS), _share(s / norm))
@@ -83,7 +87,3 @@ def weighted(costs: list[dict], workload: Workload) -> dict:
     """Per key, the share-weighted mean of `costs` (one dict per workload length, the same keys)."""
     total = sum(s for _, s in workload)
     return {k: sum(c[k] * s for c, (_, s) in zip(costs, workload, strict=True)) / total for k in costs[0]}
-
-
-def describe(workload: Workload) -> str:
-    return ", ".join(f"{n} tokens {s:.0%}" for n, s in workload) or "the probe's median sequence"

@@ -493,7 +493,7 @@ def test_finalists_are_repriced_by_their_decoded_steps(ckpt, monkeypatch):
 
     monkeypatch.setattr(confirm, "decoded_costs", decoded)
     out, plain = confirm.confirm(
-        "medusa", bb, loaded, ranked, [[5, 6, 7, 8]], n=2, new_tokens=4, reps=3, use=Use()
+        "medusa", bb, loaded, ranked, [5, 6, 7, 8], n=2, new_tokens=4, reps=3, use=Use()
     )
     assert seen == {"plain": 1, "0": 4, "1": 2}  # each finalist decoded as the eval builds it
     assert plain == 0.010 and [s.tree.size for s, _ in out] == [2, 4]
@@ -502,7 +502,7 @@ def test_finalists_are_repriced_by_their_decoded_steps(ckpt, monkeypatch):
     assert first["step_ms_modelled"] == 10.0 and out[1][1]["speedup"] == pytest.approx(2.0 / 3)
     assert "tokens_per_step_modelled" not in first  # greedy: acceptance stays the model's
     # sampling: each finalist's tokens per step decoded on the probe's prompts, the model's kept beside
-    out, _ = confirm.confirm("medusa", bb, loaded, ranked, [[5, 6, 7, 8]], n=2, new_tokens=6, reps=3,
+    out, _ = confirm.confirm("medusa", bb, loaded, ranked, [5, 6, 7, 8], n=2, new_tokens=6, reps=3,
                              use=Use(temperature=1.0), prompts=[[5, 6, 7], [9, 10]])  # fmt: skip
     for _, pred in out:
         assert pred["tokens_per_step_modelled"] in (2.0, 1.5) and 1.0 <= pred["tokens_per_step"] <= 4.0
