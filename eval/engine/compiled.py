@@ -34,6 +34,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil  # accelerate's dependency
 import torch
 
 log = logging.getLogger("headstart.eval")
@@ -65,12 +66,32 @@ def unavailable(device: torch.device) -> str | None:
     return f"inductor does not compile for device type {device.type!r}"
 
 
-def for_hardware(device: torch.device, dtype: str) -> tuple[str, str]:
+# Resident memory a compiled CPU graph keeps, in multiples of the weights' bytes: freezing puts a prepacked copy
+# of the weights into every (width, bucket) graph, and inductor does not give it back (SmolLM2-135M float32, 0.54
+# GB of weights: +1.5 GB a graph while it compiles, 0.9 GB still resident after torch._dynamo.reset() and
+# malloc_trim); and the graphs an eval builds: vanilla's, the drafter's two widths and a baseline's over up to
+# three cache buckets, and the tuner's timing widths (the main job's eval: ~16, ~20 GB resident at its peak)
+GRAPH_WEIGHT_COPIES, EVAL_GRAPHS = 1.7, 16
+
+
+def for_hardware(
+    device: torch.device, dtype: str, weight_bytes: int = 0, available: int | None = None
+) -> tuple[str, str]:
     """compile=hardware: (the mode steps on `device` in `dtype` run with, why). Measured on SmolLM2-135M, 2
     threads (docs/results.md): under AVX2 kernels in float32 a compiled plain step ran 2.0x eager and the main
     job's heads 1.39x compiled vanilla where eager chose plain decoding; on an AMX Xeon in bf16 the eager heads
-    ran 1.56x eager vanilla, and a compiled eval took 1.5x the eager one's time for half the prompts."""
+    ran 1.56x eager vanilla, and a compiled eval took 1.5x the eager one's time for half the prompts. Eager, too,
+    where the graphs' copies of `weight_bytes` would not fit in 80% of the `available` memory (None: what the
+    system reports now)."""
     if device.type == "cpu" and dtype == "float32":
+        need = weight_bytes * GRAPH_WEIGHT_COPIES * EVAL_GRAPHS
+        free = psutil.virtual_memory().available if available is None else available
+        if need > 0.8 * free:
+            return "eager", (
+                f"float32 on a CPU, but compiled steps would keep ~{need / 1e9:.0f} GB resident (a prepacked copy "
+                f"of the {weight_bytes / 1e9:.1f} GB of weights in each of ~{EVAL_GRAPHS} graphs) of "
+                f"{free / 1e9:.0f} GB available: eager steps (compile=auto forces them)"
+            )
         return (
             "auto",
             "float32 on a CPU: eager verify steps of a few tokens cost 2-3 plain steps, compiled ~1",

@@ -198,13 +198,14 @@ class Evaluator:
         # the checkpoint holds weights, not a compute dtype: auto decodes in what this device computes natively
         self.dtype_choice = resolve_dtype(cfg.dtype or bcfg.dtype, self.device, setting="dtype")
         announce("dtype", self.dtype_choice)
+        bcfg = replace(bcfg, dtype=self.dtype_choice.dtype)
+        target = Target(ckpt, meta, bcfg, self.backbone(bcfg))
         if self.compile_setting == HARDWARE:
-            mode, reason = for_hardware(self.device, self.dtype_choice.dtype)
+            weights = sum(p.numel() * p.element_size() for p in target.backbone.model.parameters())
+            mode, reason = for_hardware(self.device, self.dtype_choice.dtype, weights)
             log.info("compile=hardware -> %s (%s)", mode, reason)
             self.cfg = cfg = replace(cfg, compile=mode)
             self.compile_chosen = {"setting": HARDWARE, "reason": reason}
-        bcfg = replace(bcfg, dtype=self.dtype_choice.dtype)
-        target = Target(ckpt, meta, bcfg, self.backbone(bcfg))
         vanilla = Decoder(target.backbone, VANILLA, max_cache_len=cfg.max_cache_len, compile=cfg.compile)
         sides: dict[str, Side] = {}  # "drafter" is never a baseline's name
         if drafter:
