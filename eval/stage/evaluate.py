@@ -26,7 +26,7 @@ from headstart.eval.errors import EvalError
 from headstart.eval.report.compare import compare, write_compare
 from headstart.eval.report.write import log_wandb, write_report, write_runs_summary
 from headstart.eval.scoring.measure import score_prompts
-from headstart.eval.scoring.memory import MemoryUse, measure_memory, memory_report
+from headstart.eval.scoring.memory import MemoryUse, measure_memory, memory_report, module_bytes
 from headstart.eval.scoring.score import GenOpts, aggregate, check_fits
 from headstart.eval.stage.config import EvalConfig
 from headstart.eval.stage.prompts import PromptSet, chat_ids, load_prompts
@@ -201,7 +201,7 @@ class Evaluator:
         bcfg = replace(bcfg, dtype=self.dtype_choice.dtype)
         target = Target(ckpt, meta, bcfg, self.backbone(bcfg))
         if self.compile_setting == HARDWARE:
-            weights = sum(p.numel() * p.element_size() for p in target.backbone.model.parameters())
+            weights = module_bytes(target.backbone.model)
             mode, reason = for_hardware(self.device, self.dtype_choice.dtype, weights)
             log.info("compile=hardware -> %s (%s)", mode, reason)
             self.cfg = cfg = replace(cfg, compile=mode)

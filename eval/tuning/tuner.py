@@ -51,7 +51,8 @@ log = logging.getLogger("headstart.eval")
 # 7: the lookup branch's length chosen too (`branch_tokens`, up to the eval's lookup_tokens); 8: compiled steps
 # priced at the branch's whole width, as the decoder pads them; 9: the finalists priced by decoding them; 10: a
 # compiled step the branch added nothing to verifies the tree alone (the decoder's two widths), the Medusa draft compiled;
-# 11: steps priced at the eval's context lengths (eval/tuning/workload.py), the finalists decoded after each
+# 11: steps priced at the eval's context lengths (eval/tuning/workload.py) and answer length, an untimed compiled
+# width at the next timed one's cost
 VERSION = 11
 LOOKUP_KEY = "lookup search"  # the branch's cost, timed beside the drafter's settings
 # verify widths timed (up to max_width); compiled, each width compiles once (minutes on a CPU): fewer of them,
@@ -324,9 +325,8 @@ class Measured:
     context: list[int]
     max_width: int
     branch_steps: list[LookupStep] = field(default_factory=list)
-    priced: list[list[int]] = field(
-        default_factory=list
-    )  # the contexts steps were priced after, one a length
+    # the contexts steps were priced after, one a workload length (none: the probe's median sequence alone)
+    priced: list[list[int]] = field(default_factory=list)
 
 
 @dataclass
@@ -385,7 +385,7 @@ def measure(method, backbone, loaded: LoadedDrafter, prompts: list[list[int]], c
     timed = [
         step_costs(backbone, shapes, c, cfg.reps, compiled, max_cache_len=use.compile_cache) for c in priced
     ]
-    raw = {int(w): s for w, s in (weighted(timed, use.workload) if use.workload else timed[0]).items()}
+    raw = {int(w): s for w, s in weighted(timed, use.workload).items()}
     costs = Costs(verify=non_decreasing(raw), draft={}, bookkeeping=run.bookkeeping, prefill=run.prefill_s,
                   between="next" if use.compiled else "linear")  # fmt: skip
     probe["verify_s_as_timed"] = {str(w): t for w, t in raw.items()}  # before the non-decreasing fit
@@ -448,9 +448,8 @@ def decide_speedup(speedup: float, what: str, min_gain: float) -> tuple[str, str
 
 def _largest(m: Measured, use: Use) -> list[int]:
     """The context the finalists are decoded after: the workload's largest group's, else the probe's median."""
-    if not use.workload:
-        return m.context
-    return m.priced[max(range(len(use.workload)), key=lambda i: use.workload[i][1])]
+    shares = [s for _, s in use.workload] or [1.0]
+    return m.priced[shares.index(max(shares))]
 
 
 def tune(
@@ -477,15 +476,15 @@ def tune(
     chains = [hooks.chain(k) for k in range(1, min(hooks.max_chain, len(acc)) + 1)]
     keys = {s.draft_key for s in settings + chains}
     calls = hooks.draft_steps(backbone, keys, m.context[: len(prompts[0])], use.compiled)
-    searched = [torch.tensor(c) for c in m.priced or [m.context]]
     if use.lookup_tokens:  # the branch's n-gram search, once per step, after each priced context
-        for i, ids in enumerate(searched):
+        for i, c in enumerate(m.priced):
+            ids = torch.tensor(c)
             calls[f"{LOOKUP_KEY} {i}"] = lambda ids=ids: find_candidates(ids, MAX_NGRAM, use.lookup_tokens)
     costs = m.costs
     costs.draft = time_calls(calls, cfg.reps, backbone.device)
     if use.lookup_tokens:
-        search = [{LOOKUP_KEY: costs.draft.pop(f"{LOOKUP_KEY} {i}")} for i in range(len(searched))]
-        costs.draft |= weighted(search, use.workload) if use.workload else search[0]
+        search = [{LOOKUP_KEY: costs.draft.pop(f"{LOOKUP_KEY} {i}")} for i in range(len(m.priced))]
+        costs.draft |= weighted(search, use.workload)
     # compiled steps run at fixed shapes: a step the chain added to pays the branch's whole width (padded)
     padded = use.lookup_tokens if use.compiled else 0
     branch = Branch(m.branch_steps, costs.draft.pop(LOOKUP_KEY), padded) if use.lookup_tokens else None

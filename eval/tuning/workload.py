@@ -8,8 +8,9 @@ setting looked as cheap as a narrow one and lost where the eval's long RAG and s
 (the turn's prompt, its earlier turns and answers counted at max_new_tokens each, then each new token), grouped by
 the bucket a compiled step would attend over; each group holding at least MIN_SHARE of them is priced at its mean
 position and weighted by its share. The finalists the tuner decodes (eval/tuning/confirm.py) are decoded after
-the largest group's length alone (each length decoded there costs compiled graphs: see MIN_SHARE). Lengths only: the tuner never reads a scored prompt's text or answer, and the probe's prompts
-(eval/tuning/prompts.py) still give acceptance.
+the largest group's length alone (each length decoded there costs compiled graphs: see MIN_SHARE). Lengths only:
+the tuner never reads a scored prompt's text or answer, and the probe's prompts (eval/tuning/prompts.py) still
+give acceptance.
 
 A workload is a tuple of (context tokens, share) pairs, shares summing to 1, lengths rounded to 16 tokens and
 shares to 0.05 so evals of similar prompts reuse one record; () is the probe's own median sequence.
@@ -25,9 +26,8 @@ from headstart.eval.stage.prompts import Prompt, chat_ids
 Workload = tuple[tuple[int, float], ...]
 ROUND_TOKENS, ROUND_SHARE = 16, 0.05
 # a bucket holding fewer of the steps is left out (the rest renormalised): compiled, each bucket priced costs a
-# graph per verify width, and inductor keeps a prepacked copy of the weights in every graph without giving it
-# back (SmolLM2-135M float32: ~1 GB resident a graph, still 0.9 GB after torch._dynamo.reset() and
-# malloc_trim), so a tuner pricing 3 buckets for its finalists grew an eval past 20 GB of this 24 GB machine
+# graph per verify width, each keeping a copy of the weights (eval/engine/compiled.py GRAPH_WEIGHT_COPIES); a
+# tuner pricing 3 buckets for its finalists grew an eval past 20 GB of a 24 GB machine
 MIN_SHARE = 0.2
 
 
@@ -84,6 +84,9 @@ def contexts(sequences: list[list[int]], workload: Workload) -> list[list[int]]:
 
 
 def weighted(costs: list[dict], workload: Workload) -> dict:
-    """Per key, the share-weighted mean of `costs` (one dict per workload length, the same keys)."""
+    """Per key, the share-weighted mean of `costs` (one dict per workload length, the same keys); no workload:
+    the one dict, priced at the probe's median sequence."""
+    if not workload:
+        return costs[0]
     total = sum(s for _, s in workload)
     return {k: sum(c[k] * s for c, (_, s) in zip(costs, workload, strict=True)) / total for k in costs[0]}
