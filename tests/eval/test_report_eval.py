@@ -103,8 +103,8 @@ def test_aggregate_by_hand():
 
 
 def test_a_compiled_evals_rates_come_from_its_timed_rounds():
-    """Its first pass compiled the graphs (dropped from the timing): tokens/s overall and by category are the
-    rounds', and the latency rows say they are the first pass's."""
+    """Its first pass compiled the graphs (dropped from the timing): tokens/s overall and by category, and the
+    ratio of totals, are the rounds', and the latency rows say they are the first pass's."""
     units = [
         {"prompt": 0, "turn": 0, "ratios": [1.0], "timed": {"vanilla": [20, 2.0], "spec": [20, 1.0]}},
         {"prompt": 1, "turn": 0, "ratios": [1.0], "timed": {"vanilla": [40, 4.0], "spec": [40, 5.0]}},
@@ -112,9 +112,11 @@ def test_a_compiled_evals_rates_come_from_its_timed_rounds():
     dropped = {"units": units, "flags": [], "predicted_speedup": None, "first_pass": FIRST_PASS_DROPPED}
     m = aggregate(RECORDS, greedy=True, timing=dropped)
     assert m["tokens_per_s"] == pytest.approx({"vanilla": 10.0, "spec": 10.0})  # 60 / 6 s each
+    assert m["speedup_of_totals"] == pytest.approx(1.0)  # not the first pass's 1.5, which held the compiles
     assert m["categories"]["a"]["tokens_per_s"] == pytest.approx({"vanilla": 10.0, "spec": 20.0})
     timed = aggregate(RECORDS, greedy=True, timing=dropped | {"first_pass": "timed"})
     assert timed["tokens_per_s"] == pytest.approx({"vanilla": 10.0, "spec": 15.0})  # eager: the first pass's
+    assert timed["speedup_of_totals"] == pytest.approx(1.5)
     rows = latency_memory_rows(_report() | {"timing": dropped})
     assert rows[0].startswith("| per-token latency p50 / p99 (ms), first pass: compiles included, spec vs")
     assert "first pass" not in markdown(_report())
