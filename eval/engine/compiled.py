@@ -3,10 +3,12 @@
 On a CPU without native bf16 (AVX2 only), MKL's small-M GEMMs reach a fraction of the peak, so a verify of 8 tokens
 costs about twice a plain step. Inductor's max-autotune benchmarks its own vectorized micro-GEMMs over weights
 prepacked at compile time (`freezing`: the frozen backbone's weights become constants) against MKL and keeps the
-faster per projection. Every step runs at a fixed shape over a cache-length bucket (static write slots and a
-(1, 1, width, bucket) mask over the cache's first `bucket` slots: `KVCache`'s static mode, buckets in runner.py),
-so each (width, last_only, bucket) is one graph that no later step recompiles; within a bucket the cache length
-moves only through tensors.
+faster per projection. Every step runs at a fixed width over part of the cache (static write slots and a
+(1, 1, width, slots) mask over the cache's first `slots` slots: `KVCache`'s static mode, the lengths in
+runner.py); the slots attended are a dynamic dimension of the graph (`dynamic_slots`), so each (width, last_only)
+is one graph that no later step recompiles, whatever the cache length. Measured on SmolLM2-135M float32 (AVX2):
+as fast as graphs specialized to each length (docs/results.md), and a graph, with its copy of the weights, per
+width instead of per width and length.
 
 Modes (`compile=` on the Decoder / eval config):
 - eager: the HF forward as is (the default; compiling costs minutes per width the first time);
@@ -141,10 +143,22 @@ def cache_dir() -> Path:
 
 def _step(body, logits, cache, ids, pos, mask, last_only: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """ModelRunner._forward, as one graph: the cache's static write slots and the sliding-window masks are set
-    by the caller; `logits` is the backbone's (lm_head, then the soft cap of the families with one)."""
+    by the caller; `logits` is the backbone's (lm_head, then the soft cap of the families with one). The cache
+    slots attended are the mask's width, a dimension of the graph (`dynamic_slots`): one graph per step width
+    serves every cache-length bucket."""
+    cache.view = next(iter(mask.values())).shape[-1] if isinstance(mask, dict) else mask.shape[-1]
     out = body(input_ids=ids, position_ids=pos, attention_mask=mask, cache=cache, use_cache=True)
     hidden = out.last_hidden_state[0]  # (q, H)
     return hidden, logits(hidden[-1:] if last_only else hidden)  # (q or 1, V)
+
+
+def dynamic_slots(mask: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor | dict[str, torch.Tensor]:
+    """`mask` (or each of a family's masks by layer type), its last dimension (the cache slots attended) marked
+    dynamic for the compiled step: a step over the next bucket then reuses the graph instead of compiling another
+    (each keeps a prepacked copy of the weights, see GRAPH_WEIGHT_COPIES)."""
+    for m in mask.values() if isinstance(mask, dict) else (mask,):
+        torch._dynamo.maybe_mark_dynamic(m, 3)
+    return mask
 
 
 _COMPILED: dict[tuple[str, str], Callable] = {}  # (function, device type) -> its compiled version

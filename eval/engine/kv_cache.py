@@ -1,6 +1,6 @@
 """A preallocated KV cache for decoding with a frozen HF causal LM, plugged in through transformers' `Cache` API.
 
-All layers live in one tensor (layers, 2, 1, kv_heads, max_cache_len, head_dim), allocated once. A forward
+All layers live in one tensor (layers, 2, 1, kv_heads, max_cache_len + 1, head_dim), allocated once. A forward
 writes its q new keys/values at slots [length, length + q) and leaves `length` alone: the decoder then keeps
 what the target accepted, without re-running anything:
 
@@ -13,8 +13,12 @@ Two write modes:
 - eager (`slots is None`): writes by slicing and returns the views [0, length + q), so attention only reads
   the live prefix; `get_mask_sizes` matches, so HF can still build its own causal mask for plain decoding.
 - static (`slots` set to a device tensor of q slot indices): `index_copy_` into those slots and return the
-  buffers' first `view` slots (the whole buffer, or a cache-length bucket the runner sets), for fixed shapes
+  buffers' first `view` slots (a cache-length bucket the runner sets, at most max_cache_len), for fixed shapes
   inside a captured CUDA graph or a compiled step; the caller's 4-D mask hides unused slots.
+
+The buffer holds one slot more than max_cache_len, never attended: every view, however long, is then a strided
+part of it, never the whole (contiguous) buffer, so one compiled step whose view length is dynamic serves every
+bucket (inductor specializes a graph on whether a view is contiguous; eval/engine/compiled.py).
 """
 
 from __future__ import annotations
@@ -51,13 +55,13 @@ class PreallocLayer(CacheLayerMixin):
         if slots is not None:  # static shapes: scatter into fixed slots, attend over the first `view` slots
             self.keys.index_copy_(2, slots, key_states)
             self.values.index_copy_(2, slots, value_states)
-            view = self.owner.view
-            return self.keys[:, :, :view], self.values[:, :, :view]
+            view = self.owner.view  # an int, or inside a compiled step the mask's (dynamic) width
+            return self.keys.narrow(2, 0, view), self.values.narrow(2, 0, view)
         start = self.owner.length
         end = start + key_states.shape[-2]
-        if end > self.keys.shape[-2]:
+        if end > self.owner.max_cache_len:
             raise CacheFullError(
-                f"KV cache overflow: {end} positions needed, max_cache_len={self.keys.shape[-2]}. "
+                f"KV cache overflow: {end} positions needed, max_cache_len={self.owner.max_cache_len}. "
                 "Fix: raise max_cache_len"
             )
         self.keys[:, :, start:end] = key_states
@@ -71,7 +75,7 @@ class PreallocLayer(CacheLayerMixin):
         return self.owner.length
 
     def get_max_length(self) -> int:
-        return self.keys.shape[-2]
+        return self.owner.max_cache_len
 
 
 class KVCache(Cache):
@@ -87,7 +91,10 @@ class KVCache(Cache):
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         # zeros, not empty: masked slots still enter q.k (times an additive -inf), and NaN garbage would leak
-        self.kv = torch.zeros((n_layers, 2, 1, kv_heads, max_cache_len, head_dim), dtype=dtype, device=device)
+        # + 1: a spare slot, never attended (module docstring)
+        self.kv = torch.zeros(
+            (n_layers, 2, 1, kv_heads, max_cache_len + 1, head_dim), dtype=dtype, device=device
+        )
         self.length = 0  # committed positions; a forward writes after them without moving it
         self.slots: torch.Tensor | None = None  # static-mode write slots (q,), see module docstring
         self.max_cache_len = max_cache_len

@@ -12,10 +12,12 @@ With `compile` set (eval/engine/compiled.py: "max-autotune", or "auto" where ind
 `compile_widths` (None: every width) runs the same fixed-shape path through `torch.compile` instead (on CUDA it
 replaces the runner's own graph capture: inductor captures its own); other widths and the prefill stay eager.
 
-A fixed-shape step attends over a cache-length bucket, not the whole buffer: the first `bucket` slots, the smallest
-of 256, 512, 1024, ... (and max_cache_len itself) that holds the prefix and the step. A step over 300 cached
-tokens then reads 512 slots, not 2,048 (on a CPU, attention over the whole buffer made a compiled step as slow as
-an eager one). Each (width, bucket) is its own graph, captured or compiled when a step first needs it.
+A fixed-shape step attends over part of the buffer, not all of it (on a CPU, attention over the whole buffer made
+a compiled step as slow as an eager one). A captured CUDA graph's length is fixed, so there it is a bucket: the
+smallest of 256, 512, 1024, ... (and max_cache_len itself) that holds the prefix and the step, one graph each. A
+compiled step's attended length is a dynamic dimension of its graph (compiled.dynamic_slots), so one graph per width
+serves every length, and a step attends over the prefix rounded up to SLOT_STEP slots: 320 slots over 300 cached
+tokens, not 512.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ from headstart.eval.engine.masks import WindowMasks
 from headstart.eval.engine.tree import Tree, chain_tree
 
 SMALLEST_BUCKET = 256
+# a compiled step's attended slots: the prefix and the step rounded up to this (a new length costs one forward to
+# set up its buffers, no compilation); each slot attended costs a compiled step ~5 us (1 query) to ~10 us (4
+# queries) on SmolLM2 float32 (AVX2, 2 threads): at 700 cached tokens 704 slots ran 3-7% faster than 1,024
+SLOT_STEP = 64
 # Transformers' SDPA path copies grouped K/V heads out to one per query head (`repeat_kv`) whenever a mask is
 # given, a rule written for CUDA's kernels; torch's CPU kernels take grouped heads and a mask together
 # (`enable_gqa`), which this switch of transformers' turns on. Every tree verify and fixed-shape step passes a
@@ -54,6 +60,14 @@ def bucket(needed: int, max_cache_len: int) -> int:
     return min(size, max_cache_len)
 
 
+def attended(needed: int, max_cache_len: int, step: int | None) -> int:
+    """The cache slots a fixed-shape step attends over: `needed` rounded up to `step` slots, or (None) its
+    `bucket`."""
+    if step is None:
+        return bucket(needed, max_cache_len)
+    return min(-(-needed // step) * step, max_cache_len)
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -71,10 +85,15 @@ class ModelRunner:
         grouped_sdpa_on_cpu(self.device)
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"  # fixed-shape steps, see module doc
         self.compiled = compiled.resolve(compile, self.device)
+        # compiled on a CPU: any attended length, one graph (module docstring); on CUDA inductor captures a CUDA
+        # graph per length, so buckets
+        self.slot_step = SLOT_STEP if self.compiled and self.device.type == "cpu" else None
         # None: every width; others run eagerly (never a multi-minute compile in the middle of a run)
         self.compile_widths = compile_widths
         self._masks: dict[int, tuple[torch.Tensor, int]] = {}  # eager: width -> (mask buffer, tree column)
-        self._graphs: dict[tuple[int, bool, int], GraphedStep | None] = {}  # (width, last_only, bucket)
+        self._graphs: dict[
+            tuple[int, bool, int], GraphedStep | None
+        ] = {}  # (width, last_only, slots attended)
 
     @property
     def fixed_shapes(self) -> bool:
@@ -126,7 +145,8 @@ class ModelRunner:
         self.check_room(q)
         start = self.cache.length
         if self.cuda_graphs or self.compiles(q):
-            graph = self._graph(q, last_only, bucket(start + q, self.cache.max_cache_len))
+            step = self.slot_step if self.compiles(q) else None
+            graph = self._graph(q, last_only, attended(start + q, self.cache.max_cache_len, step))
             if graph is not None:
                 depth, bias = (tree or chain_tree(q - 1)).device_tensors(self.device, self.dtype)
                 return graph.run(ids, depth, bias, start)
@@ -165,7 +185,7 @@ class ModelRunner:
 
 
 class GraphedStep:
-    """One fixed-shape forward of `width` query tokens over the first `slots` cache slots (a `bucket`), from
+    """One fixed-shape forward of `width` query tokens over the first `slots` cache slots (`attended`), from
     static input buffers; captured in a CUDA graph and replayed on CUDA, run eagerly elsewhere (so CPU tests
     cover the same path). `compile`: run it through the compiled forward instead (compiled.py), compiled here on
     a free slot range."""
@@ -191,7 +211,7 @@ class GraphedStep:
                 cache,
                 ids,
                 pos,
-                runner.windows(mask, pos[0], cache.slots),
+                compiled.dynamic_slots(runner.windows(mask, pos[0], cache.slots)),
                 last_only,
             )
             bias = torch.zeros((width, width), dtype=runner.dtype, device=dev)

@@ -1,14 +1,13 @@
 """The cache lengths an eval's decode steps attend over, so the tuner prices its steps where the eval runs them.
 
 A step's cost grows with the cache it attends over, and faster for a wide verify than for a plain step (CPU SDPA,
-SmolLM2 float32 AVX2: 4 queries over 1,024 keys 215 us a layer, 1 query 99 us), and a compiled step runs over a
-cache-length bucket (eval/engine/runner.py `bucket`), one graph each. Priced at the probe's short prompts, a wide
-setting looked as cheap as a narrow one and lost where the eval's long RAG and summarization prompts put its steps
-(docs/results.md). So the eval describes its prompts by length alone: every decode position a turn will run at
-(the turn's prompt, its earlier turns and answers counted at max_new_tokens each, then each new token), grouped by
-the bucket a compiled step would attend over; each group holding at least MIN_SHARE of them is priced at its mean
-position and weighted by its share. The finalists the tuner decodes (eval/tuning/confirm.py) are decoded after
-the largest group's length alone (each length decoded there costs compiled graphs: see MIN_SHARE). Lengths only:
+SmolLM2 float32 AVX2: 4 queries over 1,024 keys 215 us a layer, 1 query 99 us). Priced at the probe's short
+prompts, a wide setting looked as cheap as a narrow one and lost where the eval's long RAG and summarization
+prompts put its steps (docs/results.md). So the eval describes its prompts by length alone: every decode position a
+turn will run at (the turn's prompt, its earlier turns and answers counted at max_new_tokens each, then each new
+token), grouped by power-of-two length classes (eval/engine/runner.py `bucket`); each group holding at least
+MIN_SHARE of them is priced at its mean position and weighted by its share. The finalists the tuner decodes
+(eval/tuning/confirm.py) are decoded after the largest group's length alone (see MIN_SHARE). Lengths only:
 the tuner never reads a scored prompt's text or answer, and the probe's prompts (eval/tuning/prompts.py) still
 give acceptance.
 
@@ -25,9 +24,9 @@ from headstart.eval.stage.prompts import Prompt, chat_ids
 
 Workload = tuple[tuple[int, float], ...]
 ROUND_TOKENS, ROUND_SHARE = 16, 0.05
-# a bucket holding fewer of the steps is left out (the rest renormalised): compiled, each bucket priced costs a
-# graph per verify width, each keeping a copy of the weights (eval/engine/compiled.py GRAPH_WEIGHT_COPIES); a
-# tuner pricing 3 buckets for its finalists grew an eval past 20 GB of a 24 GB machine
+# a length class holding fewer of the steps is left out (the rest renormalised): each length priced costs the
+# tuner a timing of every width there (and, while compiled graphs were specialized to their length, a graph per
+# width, each with a copy of the weights: 3 lengths grew an eval past 20 GB of a 24 GB machine)
 MIN_SHARE = 0.2
 
 
@@ -45,7 +44,7 @@ def turn_lengths(tokenizer, prompts: list[Prompt], max_new_tokens: int) -> list[
 
 def profile(lengths: list[int], max_new_tokens: int, max_cache_len: int) -> Workload:
     """The decode positions of turns starting at `lengths`, each running `max_new_tokens` steps, grouped by
-    cache bucket -> ((mean position, share), ...), smallest first; groups under MIN_SHARE dropped and the rest
+    length class -> ((mean position, share), ...), smallest first; groups under MIN_SHARE dropped and the rest
     renormalised."""
     groups: dict[int, list[int]] = defaultdict(list)
     for n in lengths:

@@ -144,10 +144,13 @@ def test_fixed_shape_steps_cross_cache_buckets_losslessly(models):
     """Fixed-shape steps attend over the smallest cache bucket holding the prefix (eval/engine/runner.py): a
     decode that starts below 256 cached positions and ends above reads 256 slots, then 512, and equals the
     eager decode token for token."""
-    from headstart.eval.engine.runner import bucket
+    from headstart.eval.engine.runner import attended, bucket
 
     assert [bucket(n, 2048) for n in (1, 256, 257, 1000, 3000)] == [256, 256, 512, 1024, 2048]
     assert bucket(100, 128) == 128  # never past the buffer
+    # a compiled CPU step's length is a dynamic dimension of its graph: the prefix rounded up to 64 slots
+    assert [attended(n, 2048, 64) for n in (1, 64, 65, 300, 3000)] == [64, 64, 128, 320, 2048]
+    assert attended(300, 2048, None) == 512  # captured CUDA graphs: the bucket
     backbone = models[0.1]
     prompt = [(7 * i) % 250 + 3 for i in range(240)]
     ref = Decoder(backbone, max_cache_len=1024).generate(prompt, 40, eos_token_ids=[]).tokens
