@@ -140,7 +140,8 @@ def test_compiled_steps_cross_cache_lengths():
         assert plain.generate(prompt, new, eos_token_ids=[]).tokens == ref
         assert set(plain.runner._graphs) == {(1, True, b) for b in buckets}
         assert all(
-            step is not None and step.forward != step.runner._forward for step in plain.runner._graphs.values()
+            step is not None and step.forward != step.runner._forward
+            for step in plain.runner._graphs.values()
         )
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == compiled_graphs + 1
 
