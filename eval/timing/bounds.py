@@ -41,7 +41,6 @@ def verify_shape(decoder) -> tuple[int, Tree | None]:
     return proposer.width, tree
 
 
-@torch.no_grad()
 def step_costs(
     backbone,
     shapes: dict[str, tuple[int, Tree | None]],
@@ -62,8 +61,16 @@ def step_costs(
         else ModelRunner(backbone, need, cuda)
         for c in {bool((compiled or {}).get(name)) for name in shapes}
     }
+    # built outside inference mode (their caches as the decoders'), stepped inside it as the decoders are: a
+    # compiled graph guards on its inputs' dispatch keys, and would otherwise be compiled again (~1 GB, minutes)
+    with torch.inference_mode():
+        return _timed(runners, backbone, shapes, context, reps, compiled)
+
+
+def _timed(runners, backbone, shapes, context, reps, compiled) -> dict:
     for r in runners.values():
         r.prefill(context)
+    width = max(w for w, _ in shapes.values())
     dev = backbone.device
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     pool = context[::-1] * (width // len(context) + 1)  # a context shorter than the widest step repeats

@@ -146,6 +146,22 @@ def test_compiled_steps_cross_cache_lengths():
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == compiled_graphs + 1
 
 
+@pytest.mark.slow
+def test_the_evals_step_costs_reuse_the_decoders_graphs():
+    """The eval prices its steps (eval/timing/bounds.py) on a runner of its own after the decodes: built and
+    stepped as a decoder's is, its steps reuse the compiled graphs (under no_grad rather than inference mode
+    their inputs' dispatch keys differed, and every width was compiled a second time, ~1 GB each)."""
+    from headstart.eval.timing.bounds import step_costs
+
+    backbone = tiny_backbone(initializer_range=0.1, seed=4)  # its own backbone: graphs of no other test
+    prompt = [(7 * i) % 250 + 3 for i in range(300)]
+    Decoder(backbone, compile="max-autotune", max_cache_len=1024).generate(prompt, 8, eos_token_ids=[])
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    costs = step_costs(backbone, {"vanilla": (1, None)}, prompt[:200], 2, {"vanilla": True}, 1024)
+    assert costs["vanilla"] > 0
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+
+
 @pytest.mark.parametrize("family", ["mistral", "gemma2"])
 def test_compiled_path_keeps_windows_and_soft_caps(family, monkeypatch):
     """The compiled step applies what the eager one does: sliding-window masks (Mistral on every layer, Gemma-2
