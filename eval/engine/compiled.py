@@ -69,11 +69,11 @@ def unavailable(device: torch.device) -> str | None:
 
 
 # Resident memory a compiled CPU graph keeps, in multiples of the weights' bytes: freezing puts a prepacked copy
-# of the weights into every (width, bucket) graph, and inductor does not give it back (SmolLM2-135M float32, 0.54
-# GB of weights: +1.5 GB a graph while it compiles, 0.9 GB still resident after torch._dynamo.reset() and
-# malloc_trim); and the graphs an eval builds: vanilla's, the drafter's two widths and a baseline's over up to
-# three cache buckets, and the tuner's timing widths (the main job's eval: ~16, ~20 GB resident at its peak)
-GRAPH_WEIGHT_COPIES, EVAL_GRAPHS = 1.7, 16
+# of the weights into every graph, and inductor does not give it back (SmolLM2-135M float32, 0.54 GB of weights:
+# +1.5 GB a graph while it compiles, 0.9 GB still resident after torch._dynamo.reset() and malloc_trim); and the
+# graphs an eval builds, one per step width: vanilla's, the drafter's two, a baseline's, the tuner's timing widths
+# and its finalists' (the main job's eval without its tuner, 4 graphs: 5.4 GB resident at its peak)
+GRAPH_WEIGHT_COPIES, EVAL_GRAPHS = 1.7, 10
 
 
 def for_hardware(

@@ -113,6 +113,8 @@ def test_the_main_job_reads_a_prefix_of_the_reference_runs_rows():
     # EAGLE batches rows of similar length (its layer runs over every padded position); Medusa reads only the
     # labelled positions, and the reference keeps the random batches it was measured with
     assert (main.train.group_by_length, eagle3.train.group_by_length) == (False, True)
+    # the main job's heads read the root token; the reference keeps the heads it was measured with
+    assert main.method.root_token and not jobs["medusa_smollm2_reference_cpu"].method.root_token
     assert not jobs["eagle3_smollm2_reference_cpu"].train.group_by_length
 
 
