@@ -91,9 +91,8 @@ class ModelRunner:
         # None: every width; others run eagerly (never a multi-minute compile in the middle of a run)
         self.compile_widths = compile_widths
         self._masks: dict[int, tuple[torch.Tensor, int]] = {}  # eager: width -> (mask buffer, tree column)
-        self._graphs: dict[
-            tuple[int, bool, int], GraphedStep | None
-        ] = {}  # (width, last_only, slots attended)
+        # (width, last_only, slots attended) -> its step, or None where capture/compilation failed (eager)
+        self._graphs: dict[tuple[int, bool, int], GraphedStep | None] = {}
 
     @property
     def fixed_shapes(self) -> bool:
@@ -145,8 +144,7 @@ class ModelRunner:
         self.check_room(q)
         start = self.cache.length
         if self.cuda_graphs or self.compiles(q):
-            step = self.slot_step if self.compiles(q) else None
-            graph = self._graph(q, last_only, attended(start + q, self.cache.max_cache_len, step))
+            graph = self._graph(q, last_only, attended(start + q, self.cache.max_cache_len, self.slot_step))
             if graph is not None:
                 depth, bias = (tree or chain_tree(q - 1)).device_tensors(self.device, self.dtype)
                 return graph.run(ids, depth, bias, start)

@@ -61,36 +61,31 @@ def step_costs(
         else ModelRunner(backbone, need, cuda)
         for c in {bool((compiled or {}).get(name)) for name in shapes}
     }
-    # built outside inference mode (their caches as the decoders'), stepped inside it as the decoders are: a
-    # compiled graph guards on its inputs' dispatch keys, and would otherwise be compiled again (~1 GB, minutes)
-    with torch.inference_mode():
-        return _timed(runners, backbone, shapes, context, reps, compiled)
-
-
-def _timed(runners, backbone, shapes, context, reps, compiled) -> dict:
-    for r in runners.values():
-        r.prefill(context)
-    width = max(w for w, _ in shapes.values())
     dev = backbone.device
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     pool = context[::-1] * (width // len(context) + 1)  # a context shorter than the widest step repeats
     candidates = torch.tensor(pool[: width - 1] or [0], device=dev)
     names = list(shapes)
     times: dict[str, list[float]] = {n: [] for n in names}
-    for rep in range(reps + 1):
-        for name in names[rep % len(names) :] + names[: rep % len(names)]:
-            w, tree = shapes[name]
-            runner = runners[bool((compiled or {}).get(name))]
-            sync()
-            t0 = time.perf_counter()
-            root = torch.tensor([context[-1]], device=dev)
-            if tree is None:
-                runner.step(root, last_only=True)
-            else:
-                runner.step(torch.cat([root, candidates[: w - 1]]), tree)
-            sync()
-            if rep > 0:  # the first round warms kernels and CUDA graphs up
-                times[name].append(time.perf_counter() - t0)
+    # runners built outside inference mode (their caches as the decoders'), stepped inside it as the decoders
+    # are: a compiled graph guards on its inputs' dispatch keys, and would otherwise be compiled again (~1 GB)
+    with torch.inference_mode():
+        for r in runners.values():
+            r.prefill(context)
+        for rep in range(reps + 1):
+            for name in names[rep % len(names) :] + names[: rep % len(names)]:
+                w, tree = shapes[name]
+                runner = runners[bool((compiled or {}).get(name))]
+                sync()
+                t0 = time.perf_counter()
+                root = torch.tensor([context[-1]], device=dev)
+                if tree is None:
+                    runner.step(root, last_only=True)
+                else:
+                    runner.step(torch.cat([root, candidates[: w - 1]]), tree)
+                sync()
+                if rep > 0:  # the first round warms kernels and CUDA graphs up
+                    times[name].append(time.perf_counter() - t0)
     return {n: float(np.median(t)) for n, t in times.items()}
 
 
