@@ -78,8 +78,10 @@ def run_one(args, name: str) -> dict:
     from headstart.eval.stage.prompts import chat_ids, load_prompts
 
     kwargs = specs(args)[name]
+    # the layout's own engine arguments (root-token heads: synchronous scheduling too) over the bench's
+    engine = {"async_scheduling": False, "generation_config": "vllm"} | kwargs
     llm = LLM(args.backbone, dtype=args.dtype, max_model_len=args.max_model_len, kv_cache_memory_bytes=1 << 29,
-              async_scheduling=False, generation_config="vllm", **kwargs)  # fmt: skip
+              **engine)  # fmt: skip
     tok = AutoTokenizer.from_pretrained(args.backbone)
     prompts = [
         chat_ids(tok, [{"role": "user", "content": q.turns[0]}]) for q in load_prompts(args.prompts).prompts

@@ -12,6 +12,7 @@ still drafts, just badly, so acceptance is what reveals it.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
@@ -34,6 +35,8 @@ MIN_Z = 2.0  # ... and the shortfall is beyond sampling noise (two-proportion z)
 TAU_TOLERANCE = (
     0.05  # reported: |tau_vllm / tau_ours - 1| within 5% (the issue's target for Medusa / EAGLE-3)
 )
+
+logger = logging.getLogger("headstart.eval")
 
 
 @dataclass
@@ -193,6 +196,12 @@ def to_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+COST_SOURCES = {
+    "vllm": "vLLM's step cost by verify width on this machine",
+    "headstart": "headstart's eager verify cost by width",
+}
+
+
 def hybrid_markdown(h: dict, prompts: int) -> list[str]:
     head = [
         "",
@@ -214,7 +223,11 @@ def hybrid_markdown(h: dict, prompts: int) -> list[str]:
         f"{TAU_TOLERANCE:.0%}); greedy outputs equal to vLLM's plain decoding: {h['agree_with_vllm_plain']}/{prompts}"
         + (f" (ngram's: {h['ngram_agree_with_vllm_plain']}/{prompts})" if h.get("ngram_agree_with_vllm_plain") is not None else "")
         + ".",
-    ]  # fmt: skip
+    ] + ([] if h.get("predicted") is None else [
+        "",
+        f"The rule's predicted speed on the tuning prompts, priced by {COST_SOURCES.get(h.get('cost_source'), h.get('cost_source'))} "
+        f"(the drafter's own cost left out): {h['predicted']:.2f}x.",
+    ])  # fmt: skip
 
 
 def write_report(report: dict, out: Path) -> None:
@@ -223,19 +236,44 @@ def write_report(report: dict, out: Path) -> None:
     (out / "serve_check.md").write_text(to_markdown(report))
 
 
-def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new) -> dict | None:
-    """decoding.json's lookup rule for a chain of k, else one tuned on `questions` (never the scored prompts)
-    and written there -> models/decoding.py `served_rule`, or None: the drafter alone was best, so there is no
-    hybrid to serve."""
+def earlier_rule(records: list[dict], record: dict, device: str) -> dict | None:
+    """The newest lookup rule an older record of the same weights on `device` keeps: a newer tuning of the tree
+    (the eval stage's) does not carry the rule, whose decodes depend on the weights and the tuning prompts only
+    (its k, prompts and answer length are checked where it is reused)."""
+    weights = record.get("conditions", {}).get("weights")
+    for older in reversed(records):
+        c = older.get("conditions", {})
+        if older.get("lookup_rule") and c.get("device") == device and c.get("weights") == weights:
+            return older["lookup_rule"]
+    return None
+
+
+def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new, dtype: str) -> dict | None:
+    """decoding.json's lookup rule for a chain of k, else one tuned on `questions` (never the scored prompts),
+    priced by vLLM's own step costs (`dtype`, eval/serving/vllm_costs.py), and written there -> models/decoding.py
+    `served_rule`, or None: the drafter alone was best, so there is no hybrid to serve. A rule priced otherwise
+    is priced again (its decodes reused)."""
+    from headstart.eval.serving.vllm_costs import measure_in_vllm
     from headstart.eval.stage.prompts import chat_ids
-    from headstart.eval.tuning.lookup_rule import LONG_CHAIN, lookup_lengths, tune_lookup_rule, untried_suffix
-    from headstart.models.decoding import read_decoding, served_rule, write_decoding
+    from headstart.eval.tuning.lookup_rule import (
+        LONG_CHAIN,
+        lookup_lengths,
+        median,
+        tune_lookup_rule,
+        untried_suffix,
+        widest,
+    )
+    from headstart.models.decoding import pick, read_decodings, served_rule, write_decoding
     from headstart.vllm_runner import on_gpu
 
     # the greedy record for the device vLLM serves from here (the rule is kept in it, replacing only it)
-    record = read_decoding(drafter_dir, greedy=True, device="cuda" if on_gpu() else "cpu") or {}
-    rule = record.get("lookup_rule")
-    if not rule or rule.get("k") != k or "speed_by_rule" not in rule or untried_suffix(rule):
+    device = "cuda" if on_gpu() else "cpu"
+    records = read_decodings(drafter_dir)
+    picked = pick(records, greedy=True, device=device)
+    record = picked.record if picked else {}
+    rule = record.get("lookup_rule") or earlier_rule(records, record, device)
+    stale = not rule or rule.get("k") != k or "speed_by_rule" not in rule or untried_suffix(rule)
+    if stale or rule.get("cost_source") != "vllm":
         if not questions:
             raise ValueError(
                 "no prompts to tune the lookup rule on. Fix: --hybrid M, or more prompts in --prompts"
@@ -248,21 +286,28 @@ def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new) -> dict 
         # an older record of these prompts keeps each rule's tau and widths: only what is new is decoded
         asked = {"k": k, "prompts": len(ids), "max_new_tokens": max_new}
         same = rule and all(rule.get(key) == value for key, value in asked.items())
+        logger.info("timing vLLM's steps by verify width (the rule's prices; two engines, a few minutes)")
+        cost = measure_in_vllm(served_model(backbone), median(ids), widest(LONG_CHAIN), dtype, eager=eager())
+        logger.info("vLLM's step cost by width: %s", ", ".join(f"w{w} {c:.2f}" for w, c in cost.items()))
         tuned = tune_lookup_rule(
             backbone, proposer, loaded, chain, k, ids, max_new, lookup_lengths(k), LONG_CHAIN,
-            known=rule if same else None,
+            known=rule if same else None, cost=cost, cost_source="vllm",
         )  # fmt: skip
         rule = tuned.to_json()
         if record:
             write_decoding(drafter_dir, record | {"lookup_rule": rule})
-    return served_rule({"lookup_rule": rule}, k)
+    served = served_rule({"lookup_rule": rule}, k)
+    priced = {"predicted": rule.get("predicted"), "cost_source": rule.get("cost_source", "headstart")}
+    return None if served is None else served | priced
 
 
-def hybrid_rule(hybrid, drafter_dir, backbone, loaded, k: int, questions, max_new: int) -> dict | None:
+def hybrid_rule(
+    hybrid, drafter_dir, backbone, loaded, k: int, questions, max_new: int, dtype: str
+) -> dict | None:
     """The rule the hybrid runs: none (`hybrid` None), decoding.json's or tuned (0, `recorded_rule`), or
     min_match = `hybrid` given by hand with the lookup chain as long as the drafter's."""
     if hybrid == 0:
-        return recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new)
+        return recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new, dtype)
     return None if hybrid is None else {"source": "ngram", "min_match": hybrid, "k": k, "lookup_tokens": k}
 
 
@@ -356,7 +401,7 @@ def serve_check(
         specs["vllm:ngram"] = {"speculative_config": dict(sb.NGRAM_SPEC)}
     if suffix:
         specs["vllm:suffix"] = {"speculative_config": dict(sb.SUFFIX_SPEC)}
-    rule = hybrid_rule(hybrid, drafter_dir, backbone, loaded, k, tune_questions or [], max_new)
+    rule = hybrid_rule(hybrid, drafter_dir, backbone, loaded, k, tune_questions or [], max_new, compute.dtype)
     if rule is not None:
         add_hybrid(specs, ours, layouts, backbone, loaded, rule)
     max_len = max(len(p) for p in prompts) + max_new + 16

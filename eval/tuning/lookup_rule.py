@@ -8,8 +8,9 @@ same match (its accepted prefix is never shorter), and the lookup chain of vLLM'
 L is searched from k up to that (the plugin serves a lookup chain longer than a Medusa drafter's heads).
 
 Each rule decodes the tuning prompts greedily once; its tau and the verify width of every step it took are kept,
-and it is priced with this machine's verify cost by width (`verify_costs`: one target forward of w chained tokens
-over a prompt's cache, relative to a plain step): predicted speed = tokens emitted / the steps' summed costs, what
+and it is priced with a verify cost by width, relative to a plain step: the serving engine's where the caller has
+it (the serve check: vLLM's steps, eval/serving/vllm_costs.py; `cost_source` "vllm"), else headstart's
+(`verify_costs`: one eager target forward of w chained tokens over a prompt's cache): predicted speed = tokens emitted / the steps' summed costs, what
 a speedup over plain decoding would be if drafting were free (the drafter's own cost is left out: the lookup
 saves it on the steps it takes). The best speed wins; among rules within SLACK of it the shortest L (the narrower
 verify) and the largest m (fewer drafts replaced). The chosen (L, m) is then tried with chains that grow with
@@ -65,6 +66,11 @@ class LookupRule:
     verify_cost: dict[str, float] = field(default_factory=dict)  # by width, a plain step = 1, this machine
     source: str = "ngram"  # "suffix": suffix decoding's draft of up to lookup_tokens (min_match None)
     min_score: float | None = None  # "suffix": the score its draft needs
+    # whose steps verify_cost timed: "headstart" (its eager forward, `verify_costs`) or "vllm" (vllm_costs.py)
+    cost_source: str = "headstart"
+    predicted: float | None = (
+        None  # the kept rule's predicted speed over plain decoding (its drafter's cost out)
+    )
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -140,6 +146,16 @@ def clearly_faster(new: list, old: list, cost: dict[int, float], se: float = SUF
     mean = sum(d) / len(d)
     sd = (sum((x - mean) ** 2 for x in d) / (len(d) - 1)) ** 0.5
     return mean > se * sd / len(d) ** 0.5
+
+
+def median(prompts: list[list[int]]) -> list[int]:
+    """The context verify costs are timed after: the median-length tuning prompt."""
+    return sorted(prompts, key=len)[len(prompts) // 2]
+
+
+def widest(long_chain: int | None) -> int:
+    """The widest verify a rule tuned with chains up to `long_chain` takes (the root and the chain)."""
+    return (long_chain or DRAFT_TOKENS) + 1
 
 
 def suffix_available() -> bool:
@@ -251,18 +267,17 @@ def decoder_options(rule: tuple | None) -> dict:
 def tune_lookup_rule(
     backbone, proposer: str, loaded, chain: dict, k: int, prompts: list[list[int]], max_new: int,
     lengths: list[int] | None = None, long_chain: int | None = LONG_CHAIN, known: dict | None = None,
-    cost: dict[int, float] | None = None, suffix: bool | None = None,
+    cost: dict[int, float] | None = None, suffix: bool | None = None, cost_source: str = "headstart",
 ) -> LookupRule:  # fmt: skip
     """Greedy tau and verify widths of the drafter's chain of k (decoder options `chain`) alone and with a lookup
-    chain of each L in `lengths` (default: k) chosen at each m, priced by `cost` (default: `verify_costs` measured
-    here over the median tuning prompt) -> the rule `pick_rule` keeps, then that rule with chains growing to each
-    of `growth(L, long_chain)`, kept when faster, then suffix decoding's draft at each of SUFFIX_SCORES (`suffix`;
+    chain of each L in `lengths` (default: k) chosen at each m, priced by `cost` (whose steps it timed:
+    `cost_source`; default: `verify_costs` measured here over the median tuning prompt) -> the rule `pick_rule`
+    keeps, then that rule with chains growing to each of `growth(L, long_chain)`, kept when faster, then suffix decoding's draft at each of SUFFIX_SCORES (`suffix`;
     default: where its suffix tree is installed), kept when faster still prompt by prompt (`suffix_rule`).
     `known`: an older record's {"tau_by_rule", "widths_by_rule", "prompt_steps_by_rule"} for these prompts, rules
     recorded not decoded again."""
     if cost is None:
-        context = sorted(prompts, key=len)[len(prompts) // 2]
-        cost = verify_costs(backbone, context, (long_chain or DRAFT_TOKENS) + 1)
+        cost, cost_source = verify_costs(backbone, median(prompts), widest(long_chain)), "headstart"
         log.info("lookup rule: verify cost by width %s", ", ".join(f"w{w} {c:.2f}" for w, c in cost.items()))
 
     def decode(rule: tuple | None) -> tuple[list, int]:
@@ -293,8 +308,17 @@ def tune_lookup_rule(
         won = suffix_rule(trials, kept, chosen, long_chain or LONG_CHAIN)
         if won is not None:
             fields = {"source": "suffix", "min_score": won[1], "min_match": None, "lookup_tokens": won[2], "max_tokens": None}  # fmt: skip
+            chosen = trials.speed(won)
     else:
         log.info(
             "lookup rule: suffix decoding not tried (no Arctic Inference here; ./launch.sh suffix-setup)"
         )
-    return LookupRule(k=k, prompts=len(prompts), max_new_tokens=max_new, **trials.record(), **fields)
+    return LookupRule(
+        k=k,
+        prompts=len(prompts),
+        max_new_tokens=max_new,
+        cost_source=cost_source,
+        predicted=chosen,
+        **trials.record(),
+        **fields,
+    )

@@ -1,0 +1,85 @@
+"""vLLM's step cost by verify width (eval/serving/vllm_costs.py): the serve check prices the hybrid's rule with
+it, and re-prices a rule recorded with headstart's own costs; the measurement itself on a tiny model in real vLLM
+(slow)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from headstart.vllm_runner import is_set_up
+
+VLLM_COST = {1: 1.02, 2: 1.07, 3: 1.13}
+
+
+def test_the_serve_check_prices_the_rule_with_vllms_steps_once(backbone, tmp_path, monkeypatch):
+    """A rule recorded with headstart's eager costs (in an older record of the same weights) is priced again with
+    vLLM's (its decodes reused: the old rule is passed as known), written into the newest record marked "vllm",
+    and then reused without timing vLLM again."""
+    import headstart.eval.serving.vllm_costs as vllm_costs
+    import headstart.eval.tuning.lookup_rule as lookup_rule
+    from headstart.eval.serving.check import recorded_rule
+    from headstart.models.checkpoint import LoadedDrafter, build_drafter
+    from headstart.models.decoding import read_decoding, write_decoding
+    from headstart.models.medusa import MedusaConfig
+
+    heads = build_drafter("medusa", MedusaConfig(num_heads=2), backbone)
+    loaded = LoadedDrafter(heads, {"method": "medusa"})
+    old = {"k": 2, "prompts": 2, "max_new_tokens": 8, "min_match": 1, "lookup_tokens": 2,
+           "tau_by_rule": {"none": 1.1}, "widths_by_rule": {"none": {"3": 4}}, "speed_by_rule": {"none": 0.7},
+           "verify_cost": {"1": 1.0, "2": 1.6, "3": 1.8}}  # fmt: skip
+    conditions = {"device": "cpu", "temperature": "greedy", "weights": "w"}
+    write_decoding(tmp_path, {"decoder": {"tree": [[0]]}, "conditions": conditions, "lookup_rule": old})
+    # a newer tuning of the tree (the eval stage's), for another workload: it carries no rule
+    newer = {"decoder": {"tree": [[0], [0, 0]]}, "conditions": conditions | {"workload": [[8, 1.0]]}}
+    write_decoding(tmp_path, newer)
+    timed, tuned = [], []
+
+    def measure(model, prompt, widest, dtype, reps=3, eager=False):
+        timed.append((prompt, widest, dtype))
+        return dict(VLLM_COST)
+
+    def tune(*args, known=None, cost=None, cost_source="headstart", **kwargs):
+        tuned.append((known, cost, cost_source))
+        return lookup_rule.LookupRule(
+            min_match=1, k=2, lookup_tokens=2, tau_by_rule={"none": 1.1}, prompts=2, max_new_tokens=8,
+            verify_cost={str(w): c for w, c in cost.items()}, cost_source=cost_source, predicted=1.21,
+        )  # fmt: skip
+
+    monkeypatch.setattr(vllm_costs, "measure_in_vllm", measure)
+    monkeypatch.setattr(lookup_rule, "tune_lookup_rule", tune)
+    monkeypatch.setattr(lookup_rule, "untried_suffix", lambda rule: False)
+    questions = ["What is a cat?", "Name three colours, please."]
+    served = recorded_rule(tmp_path, backbone, loaded, 2, questions, 8, "float32")
+    assert len(timed) == 1 and timed[0][1:] == (lookup_rule.LONG_CHAIN + 1, "float32")
+    (known, cost, source), = tuned  # fmt: skip
+    assert known == old and cost == VLLM_COST and source == "vllm"
+    assert served["cost_source"] == "vllm" and served["predicted"] == 1.21 and served["min_match"] == 1
+    newest = read_decoding(tmp_path, greedy=True, device="cpu")
+    assert newest["decoder"] == newer["decoder"] and newest["lookup_rule"]["cost_source"] == "vllm"
+
+    again = recorded_rule(tmp_path, backbone, loaded, 2, questions, 8, "float32")
+    assert len(timed) == 1 and len(tuned) == 1 and again == served  # priced by vLLM already: reused
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not is_set_up(), reason="vLLM not set up (./launch.sh vllm-setup)")
+def test_vllm_steps_are_timed_by_width_against_plain_decoding(tmp_path):
+    """Two real engines on a tiny Llama: a cost for every width 1..widest, relative to the plain engine's step,
+    never falling as the verify widens, and no width priced at nothing."""
+    from headstart.eval.serving.vllm_costs import measure_in_vllm
+    from headstart.models.backbone import BackboneConfig, load_backbone
+
+    # vLLM's CPU attention takes head sizes of 32 and up
+    tiny = {"seed": 0, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32}
+    backbone = load_backbone(BackboneConfig(name="tiny-costs", path="tiny", dtype="float32", tiny=tiny))
+    target = tmp_path / "target"
+    backbone.model.save_pretrained(target)
+    backbone.tokenizer.save_pretrained(target)
+    prompt = backbone.tokenizer("the cat sat on the mat. the cat sat on the")["input_ids"]
+    cost = measure_in_vllm(str(target), prompt, 4, "float32", reps=1)
+    assert sorted(cost) == [1, 2, 3, 4]
+    assert all(c > 0.3 for c in cost.values())  # a step, not a zero
+    assert all(cost[w] <= cost[w + 1] for w in (1, 2, 3))
+    json.dumps(cost)  # what decoding.json records
