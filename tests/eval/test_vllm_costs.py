@@ -36,7 +36,7 @@ def test_the_serve_check_prices_the_rule_with_vllms_steps_once(backbone, tmp_pat
     write_decoding(tmp_path, newer)
     timed, tuned = [], []
 
-    def measure(model, prompt, widest, dtype, reps=3, eager=False):
+    def measure(model, prompt, widest, dtype, reps=4, eager=False):
         timed.append((prompt, widest, dtype))
         return dict(VLLM_COST)
 
@@ -66,8 +66,8 @@ def test_the_serve_check_prices_the_rule_with_vllms_steps_once(backbone, tmp_pat
 @pytest.mark.slow
 @pytest.mark.skipif(not is_set_up(), reason="vLLM not set up (./launch.sh vllm-setup)")
 def test_vllm_steps_are_timed_by_width_against_plain_decoding(tmp_path):
-    """Two real engines on a tiny Llama: a cost for every width 1..widest, relative to the plain engine's step,
-    never falling as the verify widens, and no width priced at nothing."""
+    """Two real engines on a tiny Llama: a cost for every width 1..widest, relative to the plain engine's step
+    (so of the order of 1), never falling as the verify widens nor under a plain step."""
     from headstart.eval.serving.vllm_costs import measure_in_vllm
     from headstart.models.backbone import BackboneConfig, load_backbone
 
@@ -80,6 +80,6 @@ def test_vllm_steps_are_timed_by_width_against_plain_decoding(tmp_path):
     prompt = backbone.tokenizer("the cat sat on the mat. the cat sat on the")["input_ids"]
     cost = measure_in_vllm(str(target), prompt, 4, "float32", reps=1)
     assert sorted(cost) == [1, 2, 3, 4]
-    assert all(c > 0.3 for c in cost.values())  # a step, not a zero
-    assert all(cost[w] <= cost[w + 1] for w in (1, 2, 3))
+    assert 1.0 <= cost[1] <= cost[2] <= cost[3] <= cost[4]
+    assert cost[4] < 5  # relative to a plain step: a tiny model's verify of 4 is no 5 plain steps
     json.dumps(cost)  # what decoding.json records
