@@ -226,8 +226,9 @@ def hybrid_markdown(h: dict, prompts: int) -> list[str]:
     ] + ([] if h.get("predicted") is None else [
         "",
         f"The rule's predicted speed on the tuning prompts, priced by {COST_SOURCES.get(h.get('cost_source'), h.get('cost_source'))} "
-        f"(the drafter's own cost left out): {h['predicted']:.2f}x.",
-    ])  # fmt: skip
+        f"(the drafter's own cost left out): {h['predicted']:.2f}x; served, a vLLM step of the hybrid cost "
+        f"{v['tau'] / v['speedup']:.2f} plain steps (tau / speedup).",
+    ] if v.get("speedup") else [])  # fmt: skip
 
 
 def write_report(report: dict, out: Path) -> None:

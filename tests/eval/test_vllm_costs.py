@@ -83,3 +83,17 @@ def test_vllm_steps_are_timed_by_width_against_plain_decoding(tmp_path):
     assert 1.0 <= cost[1] <= cost[2] <= cost[3] <= cost[4]
     assert cost[4] < 5  # relative to a plain step: a tiny model's verify of 4 is no 5 plain steps
     json.dumps(cost)  # what decoding.json records
+
+
+def test_the_report_holds_the_rules_prediction_beside_the_served_step_cost():
+    from headstart.eval.serving.check import hybrid_markdown
+
+    rates = {"tau": 1.57, "position_rates": [0.34], "tokens_per_s": 23.5}
+    h = {"source": "ngram", "min_match": 2, "k": 2, "lookup_tokens": 3, "max_tokens": None, "loaded": True,
+         "predicted": 1.5, "cost_source": "vllm", "vllm": rates | {"speedup": 1.17},
+         "ours": rates | {"speedup": 0.8}, "tau_ratio": 1.0, "tau_within_tolerance": True,
+         "agree_with_vllm_plain": 17}  # fmt: skip
+    text = "\n".join(hybrid_markdown(h, 17))
+    assert "priced by vLLM's step cost by verify width on this machine" in text
+    assert "1.50x; served, a vLLM step of the hybrid cost 1.34 plain steps" in text
+    assert "predicted" not in "\n".join(hybrid_markdown(h | {"predicted": None}, 17))
