@@ -14,8 +14,10 @@ whole (LLMEngine.step: scheduling, the target's forward, sampling, the rejection
 engine and the widths take turns, `reps` rounds in alternating order, so load from other processes falls on all
 alike. cost(w) = median step at w / the plain engine's median step, made non-decreasing in w: cost(1) is a
 speculative engine's step that drafted nothing. The drafter's own cost is left out, as in headstart's curve (a
-lookup step skips it). Measured on a 2-core AMD EPYC (AVX2, float32, SmolLM2-135M, a 49-token prompt): w1 1.02,
-w2 1.07, w3 1.13, w5 1.20 (headstart's eager curve there: w2 1.60, w3 1.79).
+lookup step skips it). Measured on a 2-core AMD EPYC (AVX2, float32, SmolLM2-135M, a 49-token prompt): w3
+0.99-1.13 over four runs, w5 1.10-1.24 (headstart's eager curve there: w2 1.60, w3 1.79). What it leaves out, there:
+Medusa heads drafting 2 cost 1.24 plain steps where a forced width 3 cost 1.13, interleaved in one process (the
+heads' call and its bookkeeping), so priced so the hybrid's prediction ran 28% over the serve check's measurement.
 
 Run in vLLM's environment (the serve check does, `measure_in_vllm`):
 
