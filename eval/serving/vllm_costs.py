@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 PREFIX = "RESULT "
+REPS, TOKENS = 4, 32  # rounds, and steps timed per width and round (3 x 24 read up to 0.14 apart at a width)
 
 
 def measure(
@@ -43,8 +44,8 @@ def measure(
     prompt: list[int],
     widest: int,
     dtype: str,
-    reps: int = 4,
-    tokens: int = 32,
+    reps: int = REPS,
+    tokens: int = TOKENS,
     eager: bool = False,
 ) -> dict:
     """{"ms": {w: median step ms}, "cost": {w: cost}} for widths 1..`widest` (w 0: the plain engine), run here;
@@ -106,7 +107,7 @@ def measure(
 
 
 def measure_in_vllm(
-    model: str, prompt: list[int], widest: int, dtype: str, reps: int = 4, eager: bool = False
+    model: str, prompt: list[int], widest: int, dtype: str, reps: int = REPS, eager: bool = False
 ) -> dict[int, float]:
     """`measure` run by vLLM's environment (headstart/vllm_runner.py's venv) -> {w: cost} for widths 1..widest,
     a plain step = 1. Raises VllmError with the run's last line when it fails."""
@@ -132,8 +133,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--widest", type=int, default=17, help="widths 1..this are timed")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--reps", type=int, default=4)
-    p.add_argument("--tokens", type=int, default=32, help="steps timed per width and round")
+    p.add_argument("--reps", type=int, default=REPS)
+    p.add_argument("--tokens", type=int, default=TOKENS, help="steps timed per width and round")
     p.add_argument(
         "--eager", action="store_true", help="vLLM's enforce_eager (default: compiled, as it serves)"
     )
