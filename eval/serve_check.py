@@ -28,9 +28,9 @@ from headstart.eval.tuning.prompts import DEFAULT_TUNING_PROMPTS, normalise
 from headstart.models.backbone import BackboneError
 from headstart.vllm_runner import VllmError
 
-TUNING_PROMPTS = (
-    12  # tuning prompts the hybrid's rule is chosen on (10 rules x 128 tokens each: ~10 min on 2 CPU cores)
-)
+# tuning prompts the hybrid's rule is chosen on: one plain decode of each (128 tokens; ~2 min on 2 CPU cores),
+# every rule replayed on it (eval/tuning/replay.py)
+TUNING_PROMPTS = 34
 
 
 def main(argv: list[str] | None = None) -> None:

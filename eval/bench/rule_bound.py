@@ -2,21 +2,20 @@
 
 Greedy output does not depend on the drafts (lossless verification), so one plain greedy decode per prompt that
 records, at every position, what the drafter would propose (its chain of K, and its first draft's probability)
-and the context's longest earlier n-gram match gives the steps of ANY rule choosing between the two: a step at
-position t verifies the chosen chain, accepts its prefix that equals the output there, and the next step starts
-after it. Rules are then simulated, not decoded: the hybrid's rule (lookup at a match of m or more, a chain of L
-growing with its match, eval/engine/proposers/lookup_choice.py), the same with the drafter's confidence deciding
-(its first draft at probability theta or more keeps the drafter's chain), with a lookup extension behind the
-drafter's chain (the n-gram search run again on the context plus the drafts), and the oracle: whichever chain
-accepts more at each step, the bound on any rule that picks one of the two chains.
+and the context's longest earlier n-gram match gives the steps of ANY rule choosing between the two
+(eval/tuning/replay.py, on which the rule tuner replays its rules). Beside the hybrid's rule (lookup at a match
+of m or more, a chain of L growing with its match, eval/engine/proposers/lookup_choice.py) this replays it with
+the drafter's confidence deciding (its first draft at probability theta or more keeps the drafter's chain), with
+a lookup extension behind the drafter's chain (the n-gram search run again on the context plus the drafts), and
+the oracle: whichever chain accepts more at each step, the bound on any rule that picks one of the two chains.
 
     python eval/bench/rule_bound.py --checkpoint runs/main-medusa-smollm2 --prompts data/tuning_prompts.jsonl \
         --per-category 2
 
 tau only (tokens per target forward, the bonus token included): on a CPU whose verify costs little more for a
 wider chain (vLLM's compiled CPU steps on AMX), tau is most of a rule's speed. For a stateless drafter (Medusa's
-heads) in float32 a simulated rule's tau is the decoded one's (tested); EAGLE's drafts after a multi-token step
-differ from the plain decode's by rounding only.
+heads) in float32 a replayed rule's tau is the decoded one's (tests/eval/test_replay.py); elsewhere rounding
+can move a draft at a near-tie.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,30 +32,20 @@ import torch
 from headstart.eval.engine.decoder import build_decoder
 from headstart.eval.engine.ngram import chain_length, find_match
 from headstart.eval.engine.proposers import chain_options
-from headstart.eval.engine.proposers.base import Sampling
 from headstart.eval.engine.proposers.prompt_lookup import MAX_NGRAM
 from headstart.eval.stage.prompts import chat_ids, load_prompts
+from headstart.eval.tuning.replay import Decoded, Position, Recorder, accepted, record, replay
 from headstart.models import registry
 from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import LoadedDrafter, load_drafter, read_meta, resolve_checkpoint
 
-MAX_CHAIN = 8  # the longest lookup chain searched and simulated (the tuner's first growth step)
+MAX_CHAIN = 8  # the longest lookup chain searched and replayed (the tuner's first growth step)
 
 
 @dataclass
-class Position:
-    n: int  # the longest earlier suffix n-gram match (0: none)
-    lookup: list[int]  # up to MAX_CHAIN tokens that followed it
-    drafts: list[int]  # the drafter's chain
-    p1: float  # the drafter's first draft's probability
-
-
-@dataclass
-class Decoded:
+class Prompt:
     category: str
-    tokens: list[int]  # prompt + greedy output
-    start: int  # the first position a step drafts for (after the prefill's token)
-    positions: dict[int, Position] = field(default_factory=dict)  # context length -> what each side proposes
+    decoded: Decoded
 
 
 class FirstProbability:
@@ -94,42 +83,15 @@ class FirstProbability:
         return self.value
 
 
-class Recorder:
-    """A proposer that drafts nothing (plain decoding) and records both sides' proposals at every step: the
-    lookup's from n-grams up to `max_ngram` long (the hybrid's: MAX_NGRAM, or as long as a growing chain)."""
-
-    def __init__(self, inner, max_ngram: int):
-        self.inner, self.width, self.max_ngram = inner, 1, max_ngram
-        self.probability = FirstProbability(inner)
-        self.positions: dict[int, Position] = {}
-
-    def start(self, prompt: list[int], hidden: torch.Tensor) -> None:
-        self.positions = {}
-        self.inner.start(prompt, hidden)
-
-    def propose(self, context: list[int], sampling: Sampling):
-        n, chain = find_match(np.asarray(context), self.max_ngram, MAX_CHAIN)
-        drafts = self.inner.propose(context, sampling).tokens.tolist()
-        self.positions[len(context)] = Position(n, chain, drafts, self.probability.read())
-        return None
-
-    def accepted(self, path: list[int], hidden: torch.Tensor) -> None:
-        self.inner.accepted(path, hidden)
+def recorded(decoder, prompts: list[list[int]], tokens: int, most: int) -> list[Decoded]:
+    """Plain greedy decodes with both sides recorded at every position (eval/tuning/replay.py): the n-gram match
+    at the rule's limit, the drafter's chain and its first draft's probability."""
+    recorder = Recorder(decoder.proposer, [max(MAX_NGRAM, most)], max(MAX_CHAIN, most))
+    recorder.probability = FirstProbability(decoder.proposer).read
+    return record(decoder, prompts, tokens, recorder)
 
 
-def record(decoder, prompts: list[tuple[str, list[int]]], tokens: int, max_ngram: int) -> list[Decoded]:
-    """Plain greedy decodes of `prompts` (category, ids) with the decoder's proposer recorded."""
-    recorder = Recorder(decoder.proposer, max_ngram)
-    decoder.proposer = recorder
-    out = []
-    for category, ids in prompts:
-        generated = decoder.generate(list(ids), tokens, temperature=0.0).tokens
-        out.append(Decoded(category, list(ids) + generated, len(ids) + 1, recorder.positions))
-    return out
-
-
-# (position, the decode's tokens, t) -> (chain, which side): a rule reads tokens[:t], the context, and only the
-# oracle the tokens after it
+# (position, the decode's tokens, t) -> (the chain verified, "lookup" or "drafter")
 Rule = Callable[[Position, list[int], int], tuple[list[int], str]]
 
 
@@ -137,11 +99,13 @@ def lookup_rule(m: int, L: int, most: int | None = None, theta: float | None = N
     """The hybrid's rule: the lookup chain (L tokens, or as long as its match up to `most`) where the match is at
     least m tokens, else the drafter's chain; `theta`: the drafter's chain wherever its first draft is at least
     that likely; `extend`: up to that many lookup tokens behind the drafter's chain (searched on the context plus
-    the drafts)."""
+    the drafts). Replays positions recorded with an n-gram limit of max(MAX_NGRAM, most)."""
+    limit = max(MAX_NGRAM, most or 0)
 
     def rule(p: Position, tokens: list[int], t: int) -> tuple[list[int], str]:
-        if p.n >= m and p.lookup and (theta is None or p.p1 < theta):
-            return p.lookup[: chain_length(p.n, L, most or L)], "lookup"
+        n, chain = p.ngram[limit]
+        if n >= m and chain and (theta is None or p.p1 < theta):
+            return chain[: chain_length(n, L, most or L)], "lookup"
         if extend:
             n, more = find_match(np.asarray(tokens[:t] + p.drafts), MAX_CHAIN, extend)
             if n and more:
@@ -151,16 +115,8 @@ def lookup_rule(m: int, L: int, most: int | None = None, theta: float | None = N
     return rule
 
 
-def accepted(chain: list[int], tokens: list[int], t: int) -> int:
-    """How many leading tokens of `chain` equal the output from position t."""
-    a = 0
-    while a < len(chain) and t + a < len(tokens) and chain[a] == tokens[t + a]:
-        a += 1
-    return a
-
-
 def oracle(*rules: Rule) -> Rule:
-    """At each step, whichever of `rules`' chains accepts more (the first among ties)."""
+    """At each step, whichever of `rules`' chains accepts more (the first among ties): it reads the output."""
 
     def rule(p: Position, tokens: list[int], t: int) -> tuple[list[int], str]:
         return max((r(p, tokens, t) for r in rules), key=lambda option: accepted(option[0], tokens, t))
@@ -168,28 +124,24 @@ def oracle(*rules: Rule) -> Rule:
     return rule
 
 
-def simulate(decodes: list[Decoded], rule: Rule) -> dict:
+def simulate(prompts: list[Prompt], rule: Rule) -> dict:
     """{"tau", "steps", "lookup_share", "by_category": {category: tau}} of `rule` over the recorded decodes."""
     totals: dict[str, list[int]] = {}
-    lookups = steps = 0
-    for d in decodes:
-        t, made, forwards = d.start, 0, 0
-        while t < len(d.tokens):
-            chain, side = rule(d.positions[t], d.tokens, t)
-            a = accepted(chain, d.tokens, t)
-            t, made, forwards = t + a + 1, made + min(a + 1, len(d.tokens) - t), forwards + 1
-            lookups += side == "lookup"
-        for key in ("all", d.category):
+    lookups = []
+
+    def choose(p: Position, tokens: list[int], t: int) -> list[int]:
+        chain, side = rule(p, tokens, t)
+        lookups.append(side == "lookup")
+        return chain
+
+    for prompt in prompts:
+        emitted, widths = replay(prompt.decoded, choose)
+        for key in ("all", prompt.category):
             acc = totals.setdefault(key, [0, 0])
-            acc[0], acc[1] = acc[0] + made, acc[1] + forwards
-        steps += forwards
+            acc[0], acc[1] = acc[0] + emitted, acc[1] + sum(widths.values())
     tau = {k: v[0] / v[1] for k, v in totals.items()}
-    return {
-        "tau": tau.pop("all"),
-        "steps": steps,
-        "lookup_share": lookups / max(steps, 1),
-        "by_category": tau,
-    }
+    share = sum(lookups) / max(len(lookups), 1)
+    return {"tau": tau.pop("all"), "steps": len(lookups), "lookup_share": share, "by_category": tau}
 
 
 def rules(m: int, L: int, most: int | None) -> dict[str, Rule]:
@@ -230,20 +182,15 @@ def main(argv: list[str] | None = None) -> dict:
     chain, _ = chain_options(proposer, args.k, loaded.drafter)
     decoder = build_decoder(proposer, backbone, loaded, **chain)
     questions = load_prompts(args.prompts, args.per_category).prompts
-    prompts = [
-        (q.category, chat_ids(backbone.tokenizer, [{"role": "user", "content": q.turns[0]}]))
-        for q in questions
-    ]
-    print(
-        f"{len(prompts)} prompts, {args.tokens} new tokens, {backbone.dtype}, chain of {args.k}", flush=True
-    )
+    ids = [chat_ids(backbone.tokenizer, [{"role": "user", "content": q.turns[0]}]) for q in questions]
+    print(f"{len(ids)} prompts, {args.tokens} new tokens, {backbone.dtype}, chain of {args.k}", flush=True)
     m, L, most = args.rule
-    decodes = record(decoder, prompts, args.tokens, max(MAX_NGRAM, most))
-    table = {name: simulate(decodes, rule) for name, rule in rules(m, L, most or None).items()}
+    prompts = [Prompt(q.category, d) for q, d in zip(questions, recorded(decoder, ids, args.tokens, most))]
+    table = {name: simulate(prompts, rule) for name, rule in rules(m, L, most or None).items()}
     for name, row in table.items():
         print(f"{name:45s} tau {row['tau']:.3f}  lookup on {row['lookup_share']:.0%} of {row['steps']} steps")
     if args.out:
-        args.out.write_text(json.dumps({"prompts": len(prompts), "rule": args.rule, "rows": table}, indent=1))
+        args.out.write_text(json.dumps({"prompts": len(ids), "rule": args.rule, "rows": table}, indent=1))
     return table
 
 

@@ -7,8 +7,9 @@ earlier, the latter when that n-gram has at least m tokens. A longer lookup chai
 same match (its accepted prefix is never shorter), and the lookup chain of vLLM's `ngram` is DRAFT_TOKENS long, so
 L is searched from k up to that (the plugin serves a lookup chain longer than a Medusa drafter's heads).
 
-Each rule decodes the tuning prompts greedily once; its tau and the verify width of every step it took are kept,
-and it is priced with a verify cost by width, relative to a plain step: the serving engine's where the caller has
+Each rule is replayed on one recorded greedy decode of the tuning prompts (eval/tuning/replay.py: the output does
+not depend on the drafts, so the steps a rule takes follow from what each side proposes at every position); its
+tau and the verify width of every step it took are kept, and it is priced with a verify cost by width, relative to a plain step: the serving engine's where the caller has
 it (the serve check: vLLM's steps, eval/serving/vllm_costs.py; `cost_source` "vllm"), else headstart's
 (`verify_costs`: one eager target forward of w chained tokens over a prompt's cache): predicted speed = tokens emitted / the steps' summed costs, what
 a speedup over plain decoding would be if drafting were free (the drafter's own cost is left out: the lookup
@@ -30,7 +31,9 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from headstart.eval.engine.decoder import build_decoder
+from headstart.eval.engine.ngram import chain_length
 from headstart.eval.engine.proposers.prompt_lookup import DRAFT_TOKENS, MAX_NGRAM
+from headstart.eval.tuning import replay
 from headstart.models.decoding import lookup_options
 
 SLACK = 0.01  # relative: a fixed rule this close to the best predicted speed counts as tied
@@ -255,6 +258,24 @@ def suffix_rule(trials: Trials, kept: tuple | None, chosen: float, most: int) ->
     return fastest if won else None
 
 
+def choice(rule: tuple | None) -> replay.Choice:
+    """The chain a rule tried here verifies at a recorded position (eval/tuning/replay.py), as headstart's decoder
+    running `decoder_options(rule)` chooses it (eval/engine/proposers/lookup_choice.py)."""
+    if rule is None:
+        return lambda p, tokens, t: p.drafts
+    if rule[0] == "suffix":
+        return lambda p, tokens, t: p.suffix[1] if p.suffix[1] and p.suffix[0] >= rule[1] else p.drafts
+    L, m, most = (*rule, None)[:3]
+    limit, base, longest = (MAX_NGRAM, None, L) if most is None else (max(MAX_NGRAM, most), L, most)
+
+    def choose(p: replay.Position, tokens: list[int], t: int) -> list[int]:
+        n, chain = p.ngram[limit]
+        chain = chain[: chain_length(n, base, longest)]
+        return chain if n >= m and chain else p.drafts
+
+    return choose
+
+
 def decoder_options(rule: tuple | None) -> dict:
     """headstart's decoder options that run a rule tried here (models/decoding.py `lookup_options`)."""
     if rule is None:
@@ -280,14 +301,21 @@ def tune_lookup_rule(
         cost, cost_source = verify_costs(backbone, median(prompts), widest(long_chain)), "headstart"
         log.info("lookup rule: verify cost by width %s", ", ".join(f"w{w} {c:.2f}" for w, c in cost.items()))
 
+    decodes: list = []  # the one recorded greedy decode every rule is replayed on, made when first needed
+
     def decode(rule: tuple | None) -> tuple[list, int]:
-        decoder = build_decoder(proposer, backbone, loaded, **chain, **decoder_options(rule))
+        if not decodes:
+            decoder = build_decoder(proposer, backbone, loaded, **chain)
+            most = long_chain or LONG_CHAIN
+            limits = (MAX_NGRAM, *(max(MAX_NGRAM, g) for g in (*GROWTH, most)))
+            with_suffix = suffix_available() if suffix is None else suffix
+            recorder = replay.Recorder(decoder.proposer, limits, most, with_suffix)
+            decodes.extend(replay.record(decoder, prompts, max_new, recorder))
         rows, forwards = [], 0
-        for ids in prompts:
-            stats = decoder.generate(list(ids), max_new, temperature=0.0).stats
-            widths = steps_by_width(stats.target_forwards, stats.proposed_by_position)
-            rows.append([sum(stats.accepted_per_step), {str(w): n for w, n in sorted(widths.items())}])
-            forwards += stats.target_forwards
+        for d in decodes:
+            emitted, widths = replay.replay(d, choice(rule))
+            rows.append([emitted, {str(w): n for w, n in sorted(widths.items())}])
+            forwards += sum(widths.values())
         return rows, forwards
 
     trials = Trials(decode, cost, known)

@@ -133,7 +133,8 @@ def test_tuning_decodes_every_rule_and_records_the_choice(backbone):
 
 
 def test_recorded_taus_are_not_decoded_again(backbone, monkeypatch):
-    """An older record's taus and widths (same prompts) are reused: only the growing chain is decoded."""
+    """An older record's taus and widths (same prompts) are reused: only the growing chain is new, replayed on the
+    one plain decode recorded for it (the drafter's chain, no lookup: eval/tuning/replay.py)."""
     import headstart.eval.tuning.lookup_rule as lookup_rule
 
     built = []
@@ -154,7 +155,7 @@ def test_recorded_taus_are_not_decoded_again(backbone, monkeypatch):
         backbone, "medusa", LoadedDrafter(heads, {"method": "medusa"}), chain, 1, [[5, 6, 7, 8] * 4], 8,
         [1], long_chain=3, known=known, cost=dict.fromkeys(range(1, 5), 1.0), suffix=False,
     )  # fmt: skip
-    assert built == [chain | {"lookup_tokens": 1, "lookup_min_match": 2, "lookup_max_tokens": 3}]
+    assert built == [chain] and set(rule.tau_by_rule) == set(taus) | {"L=1,m=2,max=3"}
     assert {k: rule.tau_by_rule[k] for k in taus} == taus and (rule.lookup_tokens, rule.min_match) == (1, 2)
 
 
