@@ -276,6 +276,17 @@ def choice(rule: tuple | None) -> replay.Choice:
     return choose
 
 
+def replayed(decodes: list[replay.Decoded], rule: tuple | None) -> tuple[list, int]:
+    """A rule's per-prompt [tokens emitted, {width: steps}] and its forwards, replayed on recorded decodes: what
+    decoding it gives (Trials keeps it so)."""
+    rows, forwards = [], 0
+    for d in decodes:
+        emitted, widths = replay.replay(d, choice(rule))
+        rows.append([emitted, {str(w): n for w, n in sorted(widths.items())}])
+        forwards += sum(widths.values())
+    return rows, forwards
+
+
 def decoder_options(rule: tuple | None) -> dict:
     """headstart's decoder options that run a rule tried here (models/decoding.py `lookup_options`)."""
     if rule is None:
@@ -311,12 +322,7 @@ def tune_lookup_rule(
             with_suffix = suffix_available() if suffix is None else suffix
             recorder = replay.Recorder(decoder.proposer, limits, most, with_suffix)
             decodes.extend(replay.record(decoder, prompts, max_new, recorder))
-        rows, forwards = [], 0
-        for d in decodes:
-            emitted, widths = replay.replay(d, choice(rule))
-            rows.append([emitted, {str(w): n for w, n in sorted(widths.items())}])
-            forwards += sum(widths.values())
-        return rows, forwards
+        return replayed(decodes, rule)
 
     trials = Trials(decode, cost, known)
     rules = [None, *((L, m) for L in lengths or [k] for m in range(1, MAX_NGRAM + 1))]

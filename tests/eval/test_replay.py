@@ -9,7 +9,7 @@ from test_lookup_branch import TEXTS
 from headstart.eval.engine.decoder import build_decoder
 from headstart.eval.engine.proposers import chain_options
 from headstart.eval.tuning import lookup_rule, replay
-from headstart.eval.tuning.lookup_rule import choice, decoder_options, steps_by_width
+from headstart.eval.tuning.lookup_rule import decoder_options, replayed, steps_by_width
 from headstart.models.backbone import BackboneConfig, load_backbone
 from headstart.models.checkpoint import LoadedDrafter, build_drafter, load_drafter, read_meta, save_drafter
 from headstart.models.medusa import MedusaConfig
@@ -41,15 +41,6 @@ def decoded(decoder, prompts) -> tuple[list, int]:
         widths = steps_by_width(stats.target_forwards, stats.proposed_by_position)
         rows.append([sum(stats.accepted_per_step), {str(w): n for w, n in sorted(widths.items())}])
         forwards += stats.target_forwards
-    return rows, forwards
-
-
-def replayed(decodes, rule) -> tuple[list, int]:
-    rows, forwards = [], 0
-    for d in decodes:
-        emitted, widths = replay.replay(d, choice(rule))
-        rows.append([emitted, {str(w): n for w, n in sorted(widths.items())}])
-        forwards += sum(widths.values())
     return rows, forwards
 
 
