@@ -115,6 +115,29 @@ def lookup_rule(m: int, L: int, most: int | None = None, theta: float | None = N
     return rule
 
 
+def adaptive(low: Rule, high: Rule, floor: float, after: int = 4) -> Rule:
+    """Per request: `high` (e.g. the lookup at a 2-token match) while the drafter's chains it verified were
+    accepted at `floor` drafts a step or more, `low` (a 1-token match: `ngram`'s) once `after` of them averaged less.
+    What a verified step accepted is known before the next one, so this reads no output ahead of its step."""
+    state = {"tokens": None, "last": None, "steps": 0, "accepted": 0}
+
+    def rule(p: Position, tokens: list[int], t: int) -> tuple[list[int], str]:
+        if state["tokens"] is not tokens:  # a new request
+            state.update(tokens=tokens, last=None, steps=0, accepted=0)
+        if state["last"] is not None:
+            chain, at = state["last"]
+            state["steps"], state["accepted"] = (
+                state["steps"] + 1,
+                state["accepted"] + accepted(chain, tokens, at),
+            )
+        poor = state["steps"] >= after and state["accepted"] < floor * state["steps"]
+        chain, side = (low if poor else high)(p, tokens, t)
+        state["last"] = (chain, t) if side == "drafter" else None
+        return chain, side
+
+    return rule
+
+
 def oracle(*rules: Rule) -> Rule:
     """At each step, whichever of `rules`' chains accepts more (the first among ties): it reads the output."""
 
@@ -146,7 +169,8 @@ def simulate(prompts: list[Prompt], rule: Rule) -> dict:
 
 def rules(m: int, L: int, most: int | None) -> dict[str, Rule]:
     """The rules compared: the drafter alone, the hybrid's rule at its m and at m +- 1, gated by the drafter's
-    confidence, extended behind the drafter, and the oracle over the hybrid's two chains."""
+    confidence, extended behind the drafter, m chosen per request by the drafter's acceptance so far, and the
+    oracle over the hybrid's two chains."""
     base = lookup_rule(m, L, most)
     out = {"drafter alone": lookup_rule(MAX_CHAIN + 1, L, most)}
     for mm in sorted({max(1, m - 1), m, m + 1}):
@@ -154,6 +178,10 @@ def rules(m: int, L: int, most: int | None) -> dict[str, Rule]:
     for theta in (0.5, 0.7, 0.9):
         out[f"m={m}, drafter where p1 >= {theta}"] = lookup_rule(m, L, most, theta=theta)
     out[f"m={m}, 4 lookup tokens behind the drafter"] = lookup_rule(m, L, most, extend=4)
+    for floor in (0.2, 0.4):
+        out[f"m=2, m=1 where the drafter averages < {floor} drafts"] = adaptive(
+            lookup_rule(1, L, most), lookup_rule(2, L, most), floor
+        )
     out[f"oracle over m={m}'s two chains"] = oracle(base, out["drafter alone"])
     return out
 

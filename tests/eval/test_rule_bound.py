@@ -51,4 +51,15 @@ def test_the_bench_prints_and_writes_every_rule(tmp_path, capsys):
         "--dtype", "float32", "--out", str(out),
     ])  # fmt: skip
     assert json.loads(out.read_text())["prompts"] == 11
-    assert len(table) == 8 and "oracle over m=1's two chains" in capsys.readouterr().out
+    assert len(table) == 10 and "oracle over m=1's two chains" in capsys.readouterr().out
+
+
+def test_adaptive_m_turns_to_the_low_rule_once_the_drafter_does_poorly_on_a_request():
+    high = lambda p, tokens, t: (p.drafts, "drafter")  # noqa: E731
+    low = lambda p, tokens, t: ([99], "lookup")  # noqa: E731
+    p = Position(drafts=[5], ngram={}, suffix=None)
+    rule = rule_bound.adaptive(low, high, floor=0.2, after=4)
+    wrong = [0] * 10  # the drafter's 5 is never the next token
+    assert [rule(p, wrong, t)[1] for t in range(1, 8)] == ["drafter"] * 4 + ["lookup"] * 3
+    right = [5] * 10  # a new request, where every draft is accepted: it keeps the drafter
+    assert {rule(p, right, t)[1] for t in range(1, 8)} == {"drafter"}
