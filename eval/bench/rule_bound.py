@@ -30,10 +30,11 @@ import numpy as np
 import torch
 
 from headstart.eval.engine.decoder import build_decoder
-from headstart.eval.engine.ngram import chain_length, find_match
+from headstart.eval.engine.ngram import find_match
 from headstart.eval.engine.proposers import chain_options
 from headstart.eval.engine.proposers.prompt_lookup import MAX_NGRAM
 from headstart.eval.stage.prompts import chat_ids, load_prompts
+from headstart.eval.tuning.lookup_rule import choice
 from headstart.eval.tuning.replay import Decoded, Position, Recorder, accepted, record, replay
 from headstart.models import registry
 from headstart.models.backbone import BackboneConfig, load_backbone
@@ -96,16 +97,16 @@ Rule = Callable[[Position, list[int], int], tuple[list[int], str]]
 
 
 def lookup_rule(m: int, L: int, most: int | None = None, theta: float | None = None, extend: int = 0) -> Rule:
-    """The hybrid's rule: the lookup chain (L tokens, or as long as its match up to `most`) where the match is at
-    least m tokens, else the drafter's chain; `theta`: the drafter's chain wherever its first draft is at least
-    that likely; `extend`: up to that many lookup tokens behind the drafter's chain (searched on the context plus
-    the drafts). Replays positions recorded with an n-gram limit of max(MAX_NGRAM, most)."""
-    limit = max(MAX_NGRAM, most or 0)
+    """The hybrid's rule as the tuner replays it (eval/tuning/lookup_rule.py `choice`: the lookup chain of L, or as
+    long as its match up to `most`, where the match is at least m tokens, else the drafter's chain); `theta`: the
+    drafter's chain wherever its first draft is at least that likely; `extend`: up to that many lookup tokens
+    behind the drafter's chain (searched on the context plus the drafts)."""
+    choose = choice((L, m) if most is None else (L, m, most))
 
     def rule(p: Position, tokens: list[int], t: int) -> tuple[list[int], str]:
-        n, chain = p.ngram[limit]
-        if n >= m and chain and (theta is None or p.p1 < theta):
-            return chain[: chain_length(n, L, most or L)], "lookup"
+        chain = choose(p, tokens, t)
+        if chain is not p.drafts and (theta is None or p.p1 < theta):
+            return chain, "lookup"
         if extend:
             n, more = find_match(np.asarray(tokens[:t] + p.drafts), MAX_CHAIN, extend)
             if n and more:

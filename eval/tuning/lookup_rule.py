@@ -9,9 +9,10 @@ L is searched from k up to that (the plugin serves a lookup chain longer than a 
 
 Each rule is replayed on one recorded greedy decode of the tuning prompts (eval/tuning/replay.py: the output does
 not depend on the drafts, so the steps a rule takes follow from what each side proposes at every position); its
-tau and the verify width of every step it took are kept, and it is priced with a verify cost by width, relative to a plain step: the serving engine's where the caller has
-it (the serve check: vLLM's steps, eval/serving/vllm_costs.py; `cost_source` "vllm"), else headstart's
-(`verify_costs`: one eager target forward of w chained tokens over a prompt's cache): predicted speed = tokens emitted / the steps' summed costs, what
+tau and the verify width of every step it took are kept, and it is priced with a verify cost by width, relative to
+a plain step: the serving engine's where the caller has it (the serve check: vLLM's steps,
+eval/serving/vllm_costs.py; `cost_source` "vllm"), else headstart's (`verify_costs`: one eager target forward of w
+chained tokens over a prompt's cache): predicted speed = tokens emitted / the steps' summed costs, what
 a speedup over plain decoding would be if drafting were free (the drafter's own cost is left out: the lookup
 saves it on the steps it takes). The best speed wins; among rules within SLACK of it the shortest L (the narrower
 verify) and the largest m (fewer drafts replaced). The chosen (L, m) is then tried with chains that grow with
@@ -117,7 +118,8 @@ def rule_name(rule: tuple | None) -> str:
 
 def steps_by_width(forwards: int, proposed_by_position: list[int]) -> Counter:
     """A chain decoder's steps by verify width: proposed_by_position[i] steps had a draft at position i, so
-    p[j - 1] - p[j] had exactly j drafts (width j + 1) and the rest of the forwards none (width 1)."""
+    p[j - 1] - p[j] had exactly j drafts (width j + 1) and the rest of the forwards none (width 1). What a decoded
+    rule's steps are: the reference the replayed widths are tested against (tests/eval/test_replay.py)."""
     p = [*proposed_by_position, 0]
     out = Counter({j + 1: p[j - 1] - p[j] for j in range(1, len(p)) if p[j - 1] - p[j]})
     if forwards - p[0]:

@@ -31,9 +31,8 @@ from headstart.eval.engine.proposers.base import Sampling
 class Position:
     drafts: list[int]  # the drafter's chain
     ngram: dict[int, tuple[int, list[int]]]  # n-gram limit -> (longest match n, up to `most` tokens after it)
-    suffix: (
-        tuple[float, list[int]] | None
-    )  # suffix decoding's (score, draft of up to `most`), None: not recorded
+    # suffix decoding's (score, draft of up to `most`); None: not recorded
+    suffix: tuple[float, list[int]] | None
     p1: float = 0.0  # the drafter's first draft's probability, where recorded (eval/bench/rule_bound.py)
 
 
