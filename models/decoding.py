@@ -169,8 +169,8 @@ def read_decoding(path: str | Path, greedy: bool = True, device: str | None = No
 
 def served_rule(record: dict | None, k: int) -> dict | None:
     """A record's hybrid rule (eval/tuning/lookup_rule.py) for a drafter chain of k, completed for serving:
-    {"source": "ngram", "min_match", "k", "lookup_tokens", "max_tokens"} (max_tokens None: chains of
-    lookup_tokens) or {"source": "suffix", "min_score", "k", "lookup_tokens"} (suffix decoding's draft of up to
+    {"source": "ngram", "min_match", "k", "lookup_tokens", "max_tokens", "drafter_floor"} (max_tokens None: chains
+    of lookup_tokens; drafter_floor None: min_match for every request) or {"source": "suffix", "min_score", "k", "lookup_tokens"} (suffix decoding's draft of up to
     lookup_tokens); None when there is none for k or the drafter alone was best."""
     rule = (record or {}).get("lookup_rule") or {}
     if rule.get("k") != k:
@@ -190,6 +190,7 @@ def served_rule(record: dict | None, k: int) -> dict | None:
         "k": k,
         "lookup_tokens": rule.get("lookup_tokens", k),
         "max_tokens": rule.get("max_tokens"),
+        "drafter_floor": rule.get("drafter_floor"),
     }
 
 
@@ -202,9 +203,14 @@ def describe_rule(rule: dict) -> str:
             f"{rule['lookup_tokens']} tokens scoring at least {rule['min_score']:g}{keeps}"
         )
     grows = f", or as long as its match up to {rule['max_tokens']}" if rule.get("max_tokens") else ""
+    weak = (
+        f", or 1 once the request's drafter averages under {rule['drafter_floor']:g} accepted drafts a step"
+        if rule.get("drafter_floor")
+        else ""
+    )
     return (
-        f"where the context's longest earlier n-gram match has at least {rule['min_match']} tokens (a lookup "
-        f"chain of {rule['lookup_tokens']}{grows}{keeps})"
+        f"where the context's longest earlier n-gram match has at least {rule['min_match']} tokens{weak} (a "
+        f"lookup chain of {rule['lookup_tokens']}{grows}{keeps})"
     )
 
 
@@ -216,6 +222,7 @@ def lookup_options(rule: dict) -> dict:
         "lookup_tokens": rule["lookup_tokens"],
         "lookup_min_match": rule["min_match"],
         "lookup_max_tokens": rule.get("max_tokens"),
+        "lookup_drafter_floor": rule.get("drafter_floor"),
     }
 
 
@@ -231,6 +238,8 @@ def plugin_serving(rule: dict) -> tuple[int, dict]:
         return served, {"headstart_lookup": {"source": "suffix", "min_score": rule["min_score"], **extra}}
     if most:
         extra |= {"lookup_tokens": rule["lookup_tokens"], "max_ngram": most}
+    if rule.get("drafter_floor"):
+        extra |= {"drafter_floor": rule["drafter_floor"]}
     return served, {"headstart_lookup": {"min_match": rule["min_match"], **extra}}
 
 

@@ -34,7 +34,7 @@ from headstart.eval.engine.ngram import find_match
 from headstart.eval.engine.proposers import chain_options
 from headstart.eval.engine.proposers.prompt_lookup import MAX_NGRAM
 from headstart.eval.stage.prompts import chat_ids, load_prompts
-from headstart.eval.tuning.lookup_rule import choice
+from headstart.eval.tuning.lookup_rule import FLOORS, choice
 from headstart.eval.tuning.replay import Decoded, Position, Recorder, accepted, record, replay
 from headstart.models import registry
 from headstart.models.backbone import BackboneConfig, load_backbone
@@ -96,12 +96,20 @@ def recorded(decoder, prompts: list[list[int]], tokens: int, most: int) -> list[
 Rule = Callable[[Position, list[int], int], tuple[list[int], str]]
 
 
-def lookup_rule(m: int, L: int, most: int | None = None, theta: float | None = None, extend: int = 0) -> Rule:
+def lookup_rule(
+    m: int,
+    L: int,
+    most: int | None = None,
+    theta: float | None = None,
+    extend: int = 0,
+    floor: float | None = None,
+) -> Rule:
     """The hybrid's rule as the tuner replays it (eval/tuning/lookup_rule.py `choice`: the lookup chain of L, or as
-    long as its match up to `most`, where the match is at least m tokens, else the drafter's chain); `theta`: the
+    long as its match up to `most`, where the match is at least m tokens, or 1 once the request's drafter averages
+    under `floor` accepted drafts, else the drafter's chain); `theta`: the
     drafter's chain wherever its first draft is at least that likely; `extend`: up to that many lookup tokens
     behind the drafter's chain (searched on the context plus the drafts)."""
-    choose = choice((L, m) if most is None else (L, m, most))
+    choose = choice((L, m, most, floor))
 
     def rule(p: Position, tokens: list[int], t: int) -> tuple[list[int], str]:
         chain = choose(p, tokens, t)
@@ -112,29 +120,6 @@ def lookup_rule(m: int, L: int, most: int | None = None, theta: float | None = N
             if n and more:
                 return p.drafts + more, "drafter"
         return p.drafts, "drafter"
-
-    return rule
-
-
-def adaptive(low: Rule, high: Rule, floor: float, after: int = 4) -> Rule:
-    """Per request: `high` (e.g. the lookup at a 2-token match) while the drafter's chains it verified were
-    accepted at `floor` drafts a step or more, `low` (a 1-token match: `ngram`'s) once `after` of them averaged less.
-    What a verified step accepted is known before the next one, so this reads no output ahead of its step."""
-    state = {"tokens": None, "last": None, "steps": 0, "accepted": 0}
-
-    def rule(p: Position, tokens: list[int], t: int) -> tuple[list[int], str]:
-        if state["tokens"] is not tokens:  # a new request
-            state.update(tokens=tokens, last=None, steps=0, accepted=0)
-        if state["last"] is not None:
-            chain, at = state["last"]
-            state["steps"], state["accepted"] = (
-                state["steps"] + 1,
-                state["accepted"] + accepted(chain, tokens, at),
-            )
-        poor = state["steps"] >= after and state["accepted"] < floor * state["steps"]
-        chain, side = (low if poor else high)(p, tokens, t)
-        state["last"] = (chain, t) if side == "drafter" else None
-        return chain, side
 
     return rule
 
@@ -179,10 +164,8 @@ def rules(m: int, L: int, most: int | None) -> dict[str, Rule]:
     for theta in (0.5, 0.7, 0.9):
         out[f"m={m}, drafter where p1 >= {theta}"] = lookup_rule(m, L, most, theta=theta)
     out[f"m={m}, 4 lookup tokens behind the drafter"] = lookup_rule(m, L, most, extend=4)
-    for floor in (0.2, 0.4):
-        out[f"m=2, m=1 where the drafter averages < {floor} drafts"] = adaptive(
-            lookup_rule(1, L, most), lookup_rule(2, L, most), floor
-        )
+    for floor in FLOORS:
+        out[f"m=2, m=1 where the drafter averages < {floor} drafts"] = lookup_rule(2, L, most, floor=floor)
     out[f"oracle over m={m}'s two chains"] = oracle(base, out["drafter alone"])
     return out
 

@@ -77,7 +77,9 @@ class Decoder:
     tokens (proposers/lookup_choice.py: the rule headstart's vLLM plugin serves), and with `lookup_max_tokens` that
     chain grows with its match, up to that many tokens (suffix decoding's rule); with `lookup_min_score=s` instead
     of a min_match, suffix decoding's own draft of up to lookup_tokens (prompt and earlier replies' suffix trees)
-    whenever it scores at least s (eval/engine/suffix_lookup.py; the plugin's `source: "suffix"`).
+    whenever it scores at least s (eval/engine/suffix_lookup.py; the plugin's `source: "suffix"`); with
+    `lookup_drafter_floor` a request's min_match drops to 1 once its drafter averages under that many accepted
+    drafts a step (eval/engine/drafter_floor.py).
     `typical=True` (medusa, temperature > 0) uses Medusa's typical acceptance, which is LOSSY. `cuda_graphs`
     (default: True on CUDA) captures each verify width in a CUDA graph; the first generate() of each width pays
     the capture. `compile` ("eager" | "auto" | "max-autotune", eval/engine/compiled.py) runs the plain and the
@@ -98,6 +100,7 @@ class Decoder:
         lookup_min_match: int | None = None,
         lookup_max_tokens: int | None = None,
         lookup_min_score: float | None = None,
+        lookup_drafter_floor: float | None = None,
         compile: str = "eager",
     ) -> None:
         config = proposer_config(proposer) if isinstance(proposer, str) else proposer
@@ -119,6 +122,11 @@ class Decoder:
         chooser = None  # the setting that makes the step choose between the drafter's chain and the lookup's
         if lookup_min_match is not None or lookup_min_score is not None:
             chooser = f"lookup_min_match={lookup_min_match}" if lookup_min_score is None else f"lookup_min_score={lookup_min_score}"  # fmt: skip
+        if lookup_drafter_floor is not None and lookup_min_match is None:
+            raise ValueError(
+                f"lookup_drafter_floor={lookup_drafter_floor} lowers lookup_min_match per request. "
+                "Fix: set lookup_tokens and lookup_min_match too, or drop lookup_drafter_floor"
+            )
         if chooser is not None and not lookup_tokens:
             raise ValueError(
                 f"{chooser} needs lookup_tokens >= 1 (the lookup chain's length). Fix: set lookup_tokens, or drop "
@@ -141,6 +149,7 @@ class Decoder:
                     self.device,
                     max_tokens=lookup_max_tokens,
                     min_score=lookup_min_score,
+                    drafter_floor=lookup_drafter_floor,
                 )
         self.runner.compile_widths = {1, *verify_widths(self.proposer)}  # the rest: eager
         self.eos_token_ids = eos_token_ids(backbone)
@@ -306,6 +315,7 @@ def build_decoder(
     lookup_min_match: int | None = None,
     lookup_max_tokens: int | None = None,
     lookup_min_score: float | None = None,
+    lookup_drafter_floor: float | None = None,
     compile: str = "eager",
     **options,
 ) -> Decoder:
@@ -331,4 +341,4 @@ def build_decoder(
     return Decoder(backbone, config, typical=typical, max_cache_len=max_cache_len, device=device,
                    cuda_graphs=cuda_graphs, lookup_tokens=lookup_tokens, lookup_min_match=lookup_min_match,
                    lookup_max_tokens=lookup_max_tokens, lookup_min_score=lookup_min_score,
-                   compile=compile)  # fmt: skip
+                   lookup_drafter_floor=lookup_drafter_floor, compile=compile)  # fmt: skip

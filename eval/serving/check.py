@@ -264,6 +264,7 @@ def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new, dtype: s
         lookup_lengths,
         median,
         tune_lookup_rule,
+        untried_floor,
         untried_suffix,
         widest,
     )
@@ -276,7 +277,8 @@ def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new, dtype: s
     picked = pick(records, greedy=True, device=device)
     record = picked.record if picked else {}
     rule = record.get("lookup_rule") or earlier_rule(records, record, device)
-    stale = not rule or rule.get("k") != k or "speed_by_rule" not in rule or untried_suffix(rule)
+    stale = not rule or rule.get("k") != k or "speed_by_rule" not in rule
+    stale = stale or untried_suffix(rule) or untried_floor(rule)
     if stale or rule.get("cost_source") != "vllm":
         if not questions:
             raise ValueError(

@@ -12,7 +12,10 @@ and a short, uncertain match in short ones; `max_ngram` should then be K, so tha
 With `source: "suffix"` the lookup is suffix decoding's own (Arctic Inference's suffix trees of the request's prompt
 and of every earlier reply, eval/engine/suffix_lookup.py; sized by vLLM's suffix_decoding_* options): its draft of
 up to K tokens replaces the drafter's where its score (the tokens it expects accepted) is at least `min_score`,
-Arctic Inference's own rule beside its trained speculator. This is the rule of
+Arctic Inference's own rule beside its trained speculator. With `drafter_floor: f` a request's min_match drops to
+1 (`ngram`'s) once the drafter's chains verified for it average under f accepted drafts a step
+(eval/engine/drafter_floor.py: a translation or a summary copies its prompt where the drafter is weak). This is the
+rule of
 eval/engine/proposers/lookup_choice.py, which headstart's eval stage runs, so its figures predict the server's.
 vLLM's own rejection sampler verifies whatever is proposed: lossless as any speculative decoding, greedy or sampled
 (both drafts are point masses).
@@ -62,6 +65,7 @@ import logging
 import numpy as np
 import torch
 
+from headstart.eval.engine.drafter_floor import DrafterFloor
 from headstart.eval.engine.ngram import MAX_NGRAM, chain_length, find_match
 
 SUPPORTED_VLLM = "0.32."
@@ -105,9 +109,10 @@ def fallback(
 
 
 def settings(additional_config) -> dict | None:
-    """{"source": "ngram", "min_match": m, "max_ngram": n, "drafter_tokens": d or None, "lookup_tokens": L or None}
-    from vLLM's additional config (d: the drafter's drafts kept, 0 for none; None: all K; L: the lookup chain's
-    length before its match makes it longer, None: always K), or {"source": "suffix", "min_score": s,
+    """{"source": "ngram", "min_match": m, "max_ngram": n, "drafter_tokens": d or None, "lookup_tokens": L or None,
+    "drafter_floor": f or None} from vLLM's additional config (d: the drafter's drafts kept, 0 for none; None: all
+    K; L: the lookup chain's length before its match makes it longer, None: always K; f: a request's min_match is
+    1 once its drafter averages under f accepted drafts a step, None: never), or {"source": "suffix", "min_score": s,
     "drafter_tokens": d} (suffix decoding's draft of up to K when it scores at least s), or None when the hybrid is
     not asked for."""
     if not isinstance(additional_config, dict) or CONFIG_KEY not in additional_config:
@@ -118,11 +123,11 @@ def settings(additional_config) -> dict | None:
         return _suffix_settings(raw)
     if source != "ngram":
         raise ValueError(f"{CONFIG_KEY}.source={source!r}: unknown. Fix: 'ngram' (the default) or 'suffix'")
-    unknown = set(raw) - {"min_match", "max_ngram", "drafter_tokens", "lookup_tokens"}
+    unknown = set(raw) - {"min_match", "max_ngram", "drafter_tokens", "lookup_tokens", "drafter_floor"}
     if unknown:
         raise ValueError(
-            f"{CONFIG_KEY}: unknown keys {sorted(unknown)}. "
-            "Fix: only source, min_match, max_ngram, drafter_tokens and lookup_tokens ('suffix': min_score)"
+            f"{CONFIG_KEY}: unknown keys {sorted(unknown)}. Fix: only source, min_match, max_ngram, "
+            "drafter_tokens, lookup_tokens and drafter_floor ('suffix': min_score)"
         )
     max_ngram = int(raw.get("max_ngram", MAX_NGRAM))
     min_match = int(raw.get("min_match", 1))
@@ -135,12 +140,16 @@ def settings(additional_config) -> dict | None:
             f"{CONFIG_KEY}.lookup_tokens={lookup_tokens}: must be >= 1. "
             "Fix: leave it out for lookup chains of num_speculative_tokens"
         )
+    floor = raw.get("drafter_floor")
+    if floor is not None:
+        DrafterFloor(float(floor))  # refuses a floor <= 0 in one line
     return {
         "source": "ngram",
         "min_match": min_match,
         "max_ngram": max_ngram,
         "drafter_tokens": drafter_tokens,
         "lookup_tokens": None if lookup_tokens is None else int(lookup_tokens),
+        "drafter_floor": None if floor is None else float(floor),
     }
 
 
@@ -159,6 +168,7 @@ def _suffix_settings(raw: dict) -> dict:
         "min_score": min_score,
         "drafter_tokens": _drafter_tokens(raw),
         "lookup_tokens": None,
+        "drafter_floor": None,
     }
 
 
@@ -239,19 +249,39 @@ def medusa_heads_shipped(spec) -> int | None:
 
 
 def _row_chain(runner, row: int, context: np.ndarray, k: int) -> list[int] | None:
-    """A batch row's lookup chain of up to k tokens when it qualifies, else None: the n-gram search (`lookup`),
-    or suffix decoding's draft scoring at least min_score (its trees follow the row's request)."""
+    """A batch row's lookup chain of up to k tokens when it qualifies, else None: the n-gram search (`lookup`; at
+    the request's min_match, `_drafter_floor`'s), or suffix decoding's draft scoring at least min_score (its trees
+    follow the row's request)."""
     cfg, batch = runner._headstart_lookup, runner.input_batch
     if cfg["source"] == "suffix":
         prompt_len = int(batch.num_prompt_tokens[row])
         return runner._headstart_suffix.chain(batch.req_ids[row], prompt_len, context, k, cfg["min_score"])
-    return lookup(context, k, cfg["min_match"], cfg["max_ngram"], cfg["lookup_tokens"])
+    min_match, floor = cfg["min_match"], runner._headstart_floor
+    if floor is not None:
+        floor.seen(batch.req_ids[row], len(context))
+        min_match = floor.min_match(batch.req_ids[row], min_match)
+    return lookup(context, k, min_match, cfg["max_ngram"], cfg["lookup_tokens"])
+
+
+def _drafter_floor(cfg: dict | None) -> DrafterFloor | None:
+    """The engine's per-request drafter acceptance for `drafter_floor`, else None."""
+    return DrafterFloor(cfg["drafter_floor"]) if cfg and cfg.get("drafter_floor") else None
+
+
+def _verified(runner, row: int, length: int, chosen_lookup: bool, chosen: list[int]) -> None:
+    """Note a row's drafter chain verified after its context of `length` (the drafter floor reads what it accepted
+    at the request's next step)."""
+    if runner._headstart_floor is not None and not chosen_lookup:
+        runner._headstart_floor.drafted(runner.input_batch.req_ids[row], length, len(chosen))
 
 
 def _finish(runner) -> None:
-    """Stop the suffix trees of requests that left the batch (their replies stay in the global tree)."""
+    """Stop the suffix trees of requests that left the batch (their replies stay in the global tree) and forget
+    their drafter acceptance."""
     if runner._headstart_suffix is not None:
         runner._headstart_suffix.finish(runner.input_batch.req_ids)
+    if runner._headstart_floor is not None:
+        runner._headstart_floor.keep(runner.input_batch.req_ids)
 
 
 def _apply(runner, drafts) -> None:
@@ -265,6 +295,7 @@ def _apply(runner, drafts) -> None:
         chain = _row_chain(runner, row, context, len(drafts.draft_token_ids[i]))
         chosen_lookup, chosen = fallback(chain, drafts.draft_token_ids[i], cfg["drafter_tokens"])
         runner._headstart_counts[chosen_lookup] += 1
+        _verified(runner, row, len(context), chosen_lookup, chosen)
         drafts.draft_token_ids[i] = chosen
     _finish(runner)
 
@@ -281,10 +312,12 @@ def _lookup_first(
     cfg, batch = runner._headstart_lookup, runner.input_batch
     d = k if cfg["drafter_tokens"] is None else cfg["drafter_tokens"]
     chains: list[list[int] | None] = []
+    lengths = []
     for row, sampled in enumerate(sampled_token_ids):
         context = batch.token_ids_cpu[row, : int(batch.num_tokens_no_spec[row])]
         if pending:
             context = np.concatenate([context, np.asarray(sampled, dtype=context.dtype)])
+        lengths.append(len(context))
         room = min(k, runner.max_model_len - len(context))
         if not len(sampled) or room <= 0:
             chains.append([])
@@ -292,13 +325,16 @@ def _lookup_first(
         chain = _row_chain(runner, row, context, room)
         runner._headstart_counts[chain is not None] += 1
         chains.append(chain)
-    _finish(runner)
     needed = d > 0 and any(chain is None for chain in chains)
     drafted = run_drafter(d if needed else 0) if stateful else run_drafter(d) if needed else None
-    return [
+    out = [
         chain if chain is not None else (drafted[row][:d] if drafted is not None else [])
         for row, chain in enumerate(chains)
     ]
+    for row, (chain, length) in enumerate(zip(chains, lengths)):
+        _verified(runner, row, length, chain is not None, out[row])
+    _finish(runner)
+    return out
 
 
 def _sampled_rows(runner, sampled: torch.Tensor) -> list[list[int]]:
@@ -408,6 +444,7 @@ def register() -> None:
         self._headstart_counts = [0, 0]
         self._headstart_drafted = False  # this step's drafts already chose (lookup first)
         self._headstart_suffix = _suffix_trees(vllm_config, self._headstart_lookup)
+        self._headstart_floor = _drafter_floor(self._headstart_lookup)
         if self._headstart_lookup:
             log.info("headstart lookup hybrid on: %s", self._headstart_lookup)
 

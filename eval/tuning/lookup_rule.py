@@ -18,7 +18,11 @@ saves it on the steps it takes). The best speed wins; among rules within SLACK o
 verify) and the largest m (fewer drafts replaced). The chosen (L, m) is then tried with chains that grow with
 their match (suffix decoding's rule: a match of n > L tokens verifies n) up to each of GROWTH, kept when its
 predicted speed is higher: growth changes only the steps whose match is longer than L, and their wider verifies
-are priced. Where Arctic Inference's suffix tree is installed, suffix decoding's own draft (the prompt's and the
+are priced. A rule kept at m >= 2 is then tried with a drafter floor at each of FLOORS (eval/engine/
+drafter_floor.py: a request whose drafter's verified chains average under the floor takes a 1-token match, vLLM
+`ngram`'s rule), kept when it prices within SLACK of the rule without it or faster: replayed on the tuning prompts
+it moved the categories that copy their prompt (translation, summarization, RAG), where the hybrid lost to `ngram`,
+toward `ngram` at an unchanged overall tau. Where Arctic Inference's suffix tree is installed, suffix decoding's own draft (the prompt's and the
 earlier replies' suffix trees, up to LONG_CHAIN tokens) is tried in place of the n-gram chain at each min_score of
 SUFFIX_SCORES, and kept when it prices faster than the n-gram rule prompt by prompt, beyond SUFFIX_SE standard
 errors (the plugin's `source: "suffix"`). Prompts the figure is later scored on must not be among the tuning
@@ -32,6 +36,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from headstart.eval.engine.decoder import build_decoder
+from headstart.eval.engine.drafter_floor import DrafterFloor
 from headstart.eval.engine.ngram import chain_length
 from headstart.eval.engine.proposers.prompt_lookup import DRAFT_TOKENS, MAX_NGRAM
 from headstart.eval.tuning import replay
@@ -42,6 +47,8 @@ SLACK = 0.01  # relative: a fixed rule this close to the best predicted speed co
 # decoding's own tree is 24 deep
 GROWTH = (8, 16)
 LONG_CHAIN = GROWTH[-1]
+# the drafter floors tried (accepted drafts a step under which a request's lookup takes a 1-token match)
+FLOORS = (0.2, 0.4)
 # suffix decoding's draft is taken when its score (the tokens it expects accepted) reaches this: any draft, up to
 # Arctic Inference's own rule beside a 3-token speculator
 SUFFIX_SCORES = (0.0, 1.0, 2.0, 3.0)
@@ -62,6 +69,8 @@ class LookupRule:
     prompts: int
     max_new_tokens: int
     max_tokens: int | None = None  # chains grow with their match up to this many tokens; None: always L
+    # a request's min_match is 1 once its drafter averages under this many accepted drafts; None: never
+    drafter_floor: float | None = None
     # per rule: steps by verify width (1 + drafts), and the predicted speed over plain decoding they price to
     widths_by_rule: dict[str, dict[str, int]] = field(default_factory=dict)
     speed_by_rule: dict[str, float] = field(default_factory=dict)
@@ -109,11 +118,14 @@ def pick_rule(values: dict[tuple[int, int] | None, float]) -> tuple[int, int] | 
 
 
 def rule_name(rule: tuple | None) -> str:
+    """A rule's name in the record: "none", "suffix,s=<s>,max=<M>" or "L=<L>,m=<m>[,max=<M>][,floor=<f>]" for
+    (L, m[, max[, floor]]) (max None: fixed chains)."""
     if rule is None:
         return "none"
     if rule[0] == "suffix":
         return f"suffix,s={rule[1]:g},max={rule[2]}"
-    return f"L={rule[0]},m={rule[1]}" + (f",max={rule[2]}" if len(rule) > 2 else "")
+    L, m, most, floor = (*rule, None, None)[:4]
+    return f"L={L},m={m}" + (f",max={most}" if most else "") + (f",floor={floor:g}" if floor else "")
 
 
 def steps_by_width(forwards: int, proposed_by_position: list[int]) -> Counter:
@@ -175,6 +187,13 @@ def untried_suffix(record: dict) -> bool:
     reused, only what the test needs is decoded)."""
     tested = record.get("prompt_steps_by_rule", {})
     return suffix_available() and not any(name.startswith("suffix") for name in tested)
+
+
+def untried_floor(record: dict) -> bool:
+    """A record whose n-gram rule (m >= 2) was tuned before drafter floors were tried (re-tuned: its decodes
+    are reused)."""
+    tried = record.get("tau_by_rule", {})
+    return (record.get("min_match") or 0) > 1 and not any(",floor=" in name for name in tried)
 
 
 def verify_costs(backbone, context: list[int], widest: int, reps: int = COST_REPS) -> dict[int, float]:
@@ -267,13 +286,22 @@ def choice(rule: tuple | None) -> replay.Choice:
         return lambda p, tokens, t: p.drafts
     if rule[0] == "suffix":
         return lambda p, tokens, t: p.suffix[1] if p.suffix[1] and p.suffix[0] >= rule[1] else p.drafts
-    L, m, most = (*rule, None)[:3]
+    L, m, most, floor = (*rule, None, None)[:4]
     limit, base, longest = (MAX_NGRAM, None, L) if most is None else (max(MAX_NGRAM, most), L, most)
+    weak = None if floor is None else DrafterFloor(floor)  # per decode (its token list), as per request
 
     def choose(p: replay.Position, tokens: list[int], t: int) -> list[int]:
         n, chain = p.ngram[limit]
         chain = chain[: chain_length(n, base, longest)]
-        return chain if n >= m and chain else p.drafts
+        least = m
+        if weak is not None:
+            weak.seen(id(tokens), t)
+            least = weak.min_match(id(tokens), m)
+        if n >= least and chain:
+            return chain
+        if weak is not None:
+            weak.drafted(id(tokens), t, len(p.drafts))
+        return p.drafts
 
     return choose
 
@@ -295,7 +323,8 @@ def decoder_options(rule: tuple | None) -> dict:
         return {}
     if rule[0] == "suffix":
         return lookup_options({"source": "suffix", "min_score": rule[1], "lookup_tokens": rule[2]})
-    return lookup_options({"lookup_tokens": rule[0], "min_match": rule[1], "max_tokens": (*rule, None)[2]})
+    L, m, most, floor = (*rule, None, None)[:4]
+    return lookup_options({"lookup_tokens": L, "min_match": m, "max_tokens": most, "drafter_floor": floor})
 
 
 def tune_lookup_rule(
@@ -306,7 +335,8 @@ def tune_lookup_rule(
     """Greedy tau and verify widths of the drafter's chain of k (decoder options `chain`) alone and with a lookup
     chain of each L in `lengths` (default: k) chosen at each m, priced by `cost` (whose steps it timed:
     `cost_source`; default: `verify_costs` measured here over the median tuning prompt) -> the rule `pick_rule`
-    keeps, then that rule with chains growing to each of `growth(L, long_chain)`, kept when faster, then suffix decoding's draft at each of SUFFIX_SCORES (`suffix`;
+    keeps, then that rule with chains growing to each of `growth(L, long_chain)`, kept when faster, then (at m >= 2)
+    with each drafter floor of FLOORS, kept when within SLACK or faster, then suffix decoding's draft at each of SUFFIX_SCORES (`suffix`;
     default: where its suffix tree is installed), kept when faster still prompt by prompt (`suffix_rule`).
     `known`: an older record's {"tau_by_rule", "widths_by_rule", "prompt_steps_by_rule"} for these prompts, rules
     recorded not decoded again."""
@@ -331,19 +361,25 @@ def tune_lookup_rule(
     for i, rule in enumerate(rules, 1):
         trials.score(rule, f"{i}/{len(rules)}")
     best = pick_rule({rule: trials.speed(rule) for rule in rules})
-    max_tokens, chosen = None, trials.speed(best)
+    max_tokens, floor, chosen = None, None, trials.speed(best)
     if best is not None:
         for most in growth(best[0], long_chain):
             faster = trials.score((*best, most), f"growing with its match to {most}")
             if faster > chosen:
                 max_tokens, chosen = most, faster
-    # the rule kept: suffix decoding's, else the n-gram's (L, m[, max]) or the drafter alone (min_match None)
-    fields = {"source": "ngram", "min_match": None if best is None else best[1], "lookup_tokens": k if best is None else best[0], "max_tokens": max_tokens}  # fmt: skip
+    if best is not None and best[1] > 1:
+        without = chosen
+        scored = {f: trials.score((*best, max_tokens, f), f"drafter floor {f:g}") for f in FLOORS}
+        fastest = max(scored, key=scored.get)
+        if scored[fastest] >= without * (1 - SLACK):
+            floor, chosen = fastest, scored[fastest]
+    # the rule kept: suffix decoding's, else the n-gram's (L, m[, max[, floor]]) or the drafter alone (min_match None)
+    fields = {"source": "ngram", "min_match": None if best is None else best[1], "lookup_tokens": k if best is None else best[0], "max_tokens": max_tokens, "drafter_floor": floor}  # fmt: skip
     if suffix_available() if suffix is None else suffix:
-        kept = best if max_tokens is None else (*best, max_tokens)
+        kept = best if best is None or (max_tokens, floor) == (None, None) else (*best, max_tokens, floor)
         won = suffix_rule(trials, kept, chosen, long_chain or LONG_CHAIN)
         if won is not None:
-            fields = {"source": "suffix", "min_score": won[1], "min_match": None, "lookup_tokens": won[2], "max_tokens": None}  # fmt: skip
+            fields = {"source": "suffix", "min_score": won[1], "min_match": None, "lookup_tokens": won[2], "max_tokens": None, "drafter_floor": None}  # fmt: skip
             chosen = trials.speed(won)
     else:
         log.info(

@@ -108,6 +108,8 @@ def eval_results(report: dict | None, serve_check: dict | None, served: str) -> 
         if hybrid.get("loaded"):
             L = hybrid.get("lookup_tokens", hybrid.get("k"))
             rule = f"min_match {hybrid.get('min_match')}, lookup chain {L}"
+            if hybrid.get("drafter_floor"):
+                rule += f", 1 once the drafter averages under {hybrid['drafter_floor']:g} drafts a step"
             if hybrid.get("source") == "suffix":
                 rule = f"suffix decoding at score {hybrid['min_score']:g}, up to {L}"
             plugin = f"in vLLM with headstart's lookup plugin ({rule})"

@@ -120,6 +120,10 @@ def test_the_decoder_builds_the_choice_and_refuses_it_alone(backbone):
     assert isinstance(dec.proposer, LookupChoice) and dec.proposer.width == 4
     with pytest.raises(ValueError, match="lookup_min_match=2 needs lookup_tokens"):
         Decoder(backbone, MedusaOptions(heads, tree="chain"), lookup_min_match=2)
+    with pytest.raises(ValueError, match="lookup_drafter_floor=0.2 lowers lookup_min_match per request. Fix"):
+        Decoder(backbone, MedusaOptions(heads, tree="chain"), lookup_tokens=3, lookup_drafter_floor=0.2)
+    with pytest.raises(ValueError, match="suffix decoding's draft .lookup_min_score. has none. Fix"):
+        LookupChoice(dec.proposer.inner, None, 3, backbone.device, min_score=1.0, drafter_floor=0.2)
 
 
 def test_a_lookup_chain_grows_with_its_match_up_to_max_tokens():

@@ -5,6 +5,7 @@ tune on a tiny backbone whose record the serve check and the cards read back."""
 import pytest
 
 from headstart.eval.tuning.lookup_rule import (
+    FLOORS,
     SLACK,
     growth,
     lookup_lengths,
@@ -13,7 +14,7 @@ from headstart.eval.tuning.lookup_rule import (
     steps_by_width,
     tune_lookup_rule,
 )
-from headstart.models.decoding import hybrid_speculative_config, plugin_serving, served_rule
+from headstart.models.decoding import hybrid_speculative_config, lookup_options, plugin_serving, served_rule
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -111,19 +112,19 @@ def test_tuning_decodes_every_rule_and_records_the_choice(backbone):
     chosen = f"L={rule.lookup_tokens},m={rule.min_match}"
     grown = {f"{chosen},max={most}" for most in (8, 16)}  # the chosen rule, tried growing with its match
     fixed = {f"L={L},m={m}" for L in (1, 2, 3) for m in (1, 2, 3)}
+    kept = chosen + (f",max={rule.max_tokens}" if rule.max_tokens else "")
+    floors = {f"{kept},floor={f:g}" for f in FLOORS} if rule.min_match > 1 else set()  # then with a floor
     assert (
         set(rule.tau_by_rule)
         == set(rule.speed_by_rule)
         == set(rule.widths_by_rule)
-        == {"none"} | grown | fixed
+        == {"none"} | grown | fixed | floors
     )
     assert rule.min_match is not None and rule.k == 1 and rule.lookup_tokens in (1, 2, 3)
     assert set(rule.verify_cost) == {str(w) for w in range(1, 18)} and rule.verify_cost["1"] == 1.0
-    for (
-        name,
-        widths,
-    ) in rule.widths_by_rule.items():  # every decode step has its width, chains as long as allowed
-        assert max(map(int, widths)) <= (int(name.rsplit("=", 1)[1]) + 1 if "max" in name else 4)
+    for name, widths in rule.widths_by_rule.items():  # every step has its width, chains as long as allowed
+        most = dict(part.split("=") for part in name.split(",")).get("max") if name != "none" else None
+        assert max(map(int, widths)) <= (int(most) + 1 if most else 4)
     faster = {most: rule.speed_by_rule[f"{chosen},max={most}"] for most in (8, 16)}
     best = max(faster, key=faster.get)
     kept = faster[best] > rule.speed_by_rule[chosen]
@@ -155,8 +156,33 @@ def test_recorded_taus_are_not_decoded_again(backbone, monkeypatch):
         backbone, "medusa", LoadedDrafter(heads, {"method": "medusa"}), chain, 1, [[5, 6, 7, 8] * 4], 8,
         [1], long_chain=3, known=known, cost=dict.fromkeys(range(1, 5), 1.0), suffix=False,
     )  # fmt: skip
-    assert built == [chain] and set(rule.tau_by_rule) == set(taus) | {"L=1,m=2,max=3"}
+    kept = "L=1,m=2" + (",max=3" if rule.max_tokens else "")
+    floors = {f"{kept},floor={f:g}" for f in FLOORS}  # m = 2: each drafter floor tried, on the same decode
+    assert built == [chain] and set(rule.tau_by_rule) == set(taus) | {"L=1,m=2,max=3"} | floors
     assert {k: rule.tau_by_rule[k] for k in taus} == taus and (rule.lookup_tokens, rule.min_match) == (1, 2)
+
+
+def test_a_drafter_floor_is_kept_where_it_prices_within_slack_of_the_rule_without_it():
+    """Recorded rules (nothing decoded): the kept n-gram rule at m = 2 is tried with each floor of FLOORS; the
+    fastest floor is kept when within SLACK of the rule without it (it moves the requests whose drafter is weak
+    to ngram's rule), not when it prices lower; a rule at m = 1 has no floor to try. Served with it."""
+    base = {"none": 1.0, "L=1,m=1": 1.2, "L=1,m=2": 1.5, "L=1,m=3": 1.1, "L=1,m=2,max=3": 1.4}
+
+    def tuned(floors: dict[str, float]):
+        taus = base | floors
+        known = {"tau_by_rule": taus, "widths_by_rule": dict.fromkeys(taus, {"2": 10})}
+        return tune_lookup_rule(
+            None, "medusa", None, {}, 1, [[1, 2, 3]], 8, [1], 3, known=known,
+            cost=dict.fromkeys(range(1, 5), 1.0), suffix=False,
+        )  # fmt: skip
+
+    close = tuned({"L=1,m=2,floor=0.2": 1.49, "L=1,m=2,floor=0.4": 1.45})
+    assert close.drafter_floor == 0.2 and close.predicted == pytest.approx(1.49)
+    served = served_rule({"lookup_rule": close.to_json()}, 1)
+    assert plugin_serving(served) == (1, {"headstart_lookup": {"min_match": 2, "drafter_floor": 0.2}})
+    assert lookup_options(served)["lookup_drafter_floor"] == 0.2
+    slower = tuned({"L=1,m=2,floor=0.2": 1.40, "L=1,m=2,floor=0.4": 1.3})
+    assert slower.drafter_floor is None and slower.predicted == pytest.approx(1.5)
 
 
 def test_suffix_decoding_is_kept_only_where_it_is_faster_prompt_by_prompt():

@@ -61,6 +61,25 @@ def test_every_rule_replays_as_it_decodes(tmp_path):
     assert len(seen) >= 4  # the rules take different steps here, so a wrong replay of any would show
 
 
+def test_a_drafter_floor_replays_as_it_decodes(tmp_path):
+    """Prompts of 20 distinct tokens (1-token matches everywhere, 2-token ones rarer): a request whose heads average
+    under the floor turns to 1-token matches part way, so the rule takes steps neither m = 1 nor m = 2 takes, and
+    replaying it gives what decoding it gives (the per-request state read from the context's growth alike)."""
+    import random
+
+    backbone, loaded, chain, _ = heads(tmp_path)
+    rng = random.Random(3)
+    prompts = [[rng.randrange(30, 50) for _ in range(30)] for _ in range(3)]
+    decoder = build_decoder("medusa", backbone, loaded, **chain)
+    decodes = replay.record(decoder, prompts, TOKENS, replay.Recorder(decoder.proposer, (3, MOST), MOST))
+    forwards = {}
+    for rule in [(2, 1), (2, 2), (2, 2, None, 0.4), (2, 2, MOST, 0.4)]:
+        made = build_decoder("medusa", backbone, loaded, **chain, **decoder_options(rule))
+        assert replayed(decodes, rule) == decoded(made, prompts), rule
+        forwards[rule] = replayed(decodes, rule)[1]
+    assert forwards[(2, 2, None, 0.4)] not in (forwards[(2, 1)], forwards[(2, 2)])
+
+
 def test_the_tuner_decodes_once(tmp_path, monkeypatch):
     backbone, loaded, chain, prompts = heads(tmp_path)
     calls = []

@@ -54,12 +54,12 @@ def test_the_bench_prints_and_writes_every_rule(tmp_path, capsys):
     assert len(table) == 10 and "oracle over m=1's two chains" in capsys.readouterr().out
 
 
-def test_adaptive_m_turns_to_the_low_rule_once_the_drafter_does_poorly_on_a_request():
-    high = lambda p, tokens, t: (p.drafts, "drafter")  # noqa: E731
-    low = lambda p, tokens, t: ([99], "lookup")  # noqa: E731
-    p = Position(drafts=[5], ngram={}, suffix=None)
-    rule = rule_bound.adaptive(low, high, floor=0.2, after=4)
-    wrong = [0] * 10  # the drafter's 5 is never the next token
+def test_a_drafter_floor_turns_a_request_to_one_token_matches_once_its_drafter_does_poorly():
+    """The hybrid's rule with a drafter floor as the tuner replays it: a 1-token match (short of m = 2) is taken
+    only once the request's drafter chains averaged under the floor over AFTER of them."""
+    p = Position(drafts=[5], ngram={3: (1, [99])}, suffix=None)
+    rule = rule_bound.lookup_rule(2, 1, floor=0.2)
+    wrong = [0] * 10  # the drafter's 5 is never the next token: each step emits the bonus token only
     assert [rule(p, wrong, t)[1] for t in range(1, 8)] == ["drafter"] * 4 + ["lookup"] * 3
-    right = [5] * 10  # a new request, where every draft is accepted: it keeps the drafter
-    assert {rule(p, right, t)[1] for t in range(1, 8)} == {"drafter"}
+    right = [5] * 12  # a new request, where every draft is accepted: steps 2 apart, the drafter kept
+    assert {rule(p, right, t)[1] for t in range(1, 12, 2)} == {"drafter"}

@@ -83,6 +83,7 @@ class Runner:
     def __init__(self, rule, batch, trees):
         self._headstart_lookup, self.input_batch, self._headstart_suffix = rule, batch, trees
         self._headstart_counts, self.max_model_len = [0, 0], 64
+        self._headstart_floor = None
 
 
 def test_the_plugin_step_reads_each_requests_suffix_draft_and_stops_those_that_left():

@@ -82,6 +82,11 @@ def test_a_lookup_chain_grows_with_its_match():
             r"\['min_match'\] do not apply to source 'suffix'",
         ),
         ({"headstart_lookup": {"source": "suffix", "min_score": -1}}, r"min_score=-1.0: must be >= 0"),
+        ({"headstart_lookup": {"drafter_floor": 0}}, r"drafter_floor=0.0: must be > 0"),
+        (
+            {"headstart_lookup": {"source": "suffix", "drafter_floor": 0.2}},
+            r"\['drafter_floor'\] do not apply to source 'suffix'",
+        ),
     ],
 )
 def test_bad_settings_are_refused(config, match):
@@ -97,6 +102,7 @@ def test_settings_absent_means_the_plugin_stays_out():
         "max_ngram": 3,
         "drafter_tokens": None,
         "lookup_tokens": None,
+        "drafter_floor": None,
     }
     assert plugin.settings({"headstart_lookup": {}}) == default
 
@@ -116,6 +122,7 @@ def test_engines_it_cannot_serve_are_refused_at_start():
         "max_ngram": 3,
         "drafter_tokens": None,
         "lookup_tokens": None,
+        "drafter_floor": None,
     }
     assert plugin._check_engine(engine(extra={}), "0.40.0") is None  # not asked for: any version
     with pytest.raises(RuntimeError, match="written for vLLM 0.32.x, found 0.33.1. Fix"):
@@ -165,7 +172,11 @@ def test_a_steps_drafts_are_rewritten_per_request():
     )
     rule = {"source": "ngram", "min_match": 2, "max_ngram": 3, "drafter_tokens": 1, "lookup_tokens": None}
     runner = SimpleNamespace(
-        _headstart_lookup=rule, input_batch=batch, _headstart_counts=[0, 0], _headstart_suffix=None
+        _headstart_lookup=rule,
+        input_batch=batch,
+        _headstart_counts=[0, 0],
+        _headstart_suffix=None,
+        _headstart_floor=None,
     )
     drafts = SimpleNamespace(req_ids=["b", "a", "gone"], draft_token_ids=[[7, 7], [9, 9], [1, 1]])
     plugin._apply(runner, drafts)
@@ -177,13 +188,18 @@ def lookup_first_runner(drafter_tokens, rows, max_model_len=64):
     tokens = np.zeros((len(rows), 16), dtype=np.int32)
     for i, row in enumerate(rows):
         tokens[i, : len(row)] = row
-    batch = SimpleNamespace(token_ids_cpu=tokens, num_tokens_no_spec=np.array([len(r) for r in rows]))
+    batch = SimpleNamespace(
+        token_ids_cpu=tokens,
+        num_tokens_no_spec=np.array([len(r) for r in rows]),
+        req_ids=[f"r{i}" for i in range(len(rows))],
+    )
     rule = {
         "source": "ngram",
         "min_match": 2,
         "max_ngram": 3,
         "drafter_tokens": drafter_tokens,
         "lookup_tokens": None,
+        "drafter_floor": None,
     }
     return SimpleNamespace(
         _headstart_lookup=rule,
@@ -191,6 +207,7 @@ def lookup_first_runner(drafter_tokens, rows, max_model_len=64):
         _headstart_counts=[0, 0],
         max_model_len=max_model_len,
         _headstart_suffix=None,
+        _headstart_floor=None,
     )
 
 
@@ -280,6 +297,34 @@ def test_lookup_first_chains_grow_with_their_match():
     runner = lookup_first_runner(2, [copied, [4, 5, 6, 7, 8, 4, 5]])  # and a 2-gram one
     runner._headstart_lookup |= {"lookup_tokens": 2, "max_ngram": 8}
     assert plugin._lookup_first(runner, 8, [[4], [5]], Drafter(2)) == [[5, 6, 7, 8], [6, 7]]
+
+
+def test_a_request_whose_drafter_is_weak_takes_one_token_matches():
+    """drafter_floor: once AFTER of a request's drafter chains averaged under the floor (read from how its context
+    grew: accepted drafts + the bonus token), its lookup takes a 1-token match; another request keeps min_match 2,
+    and a request that left the batch is forgotten."""
+    from headstart.eval.engine.drafter_floor import AFTER, DrafterFloor
+
+    weak = [9, 4, 5, 1, 2, 3]  # its last token has no earlier match: both requests draft
+    runner = lookup_first_runner(2, [weak, weak])
+    runner._headstart_floor = DrafterFloor(0.5)
+    drafter = Drafter(2)
+    rows = [list(weak), list(weak)]
+    for step in range(AFTER):
+        assert plugin._lookup_first(runner, 4, [[3], [3]], drafter) == [[10, 10], [11, 11]]
+        # request r0 accepts none of its 2 drafts (the context grows by the bonus token alone), r1 both; the
+        # last step's bonus token is one seen once before ("4"): a 1-token match, short of min_match 2
+        bonus = [30 + step, 40 + step] if step < AFTER - 1 else [4, 4]
+        rows = [rows[0] + [bonus[0]], rows[1] + [11, 11, bonus[1]]]
+        runner.input_batch.token_ids_cpu = np.zeros((2, 32), dtype=np.int32)
+        for i, row in enumerate(rows):
+            runner.input_batch.token_ids_cpu[i, : len(row)] = row
+        runner.input_batch.num_tokens_no_spec = np.array([len(r) for r in rows])
+    assert plugin._lookup_first(runner, 4, [[4], [4]], drafter) == [[5, 1, 2, 3], [11, 11]]
+    assert runner._headstart_floor.requests["r0"][:2] == [AFTER, 0]  # r0: weak; r1: 2 accepted a step
+    runner.input_batch.req_ids = ["r1"]
+    plugin._finish(runner)
+    assert set(runner._headstart_floor.requests) == {"r1"}
 
 
 def test_medusa_drafts_are_each_heads_argmax_mapped_to_the_target_vocabulary():

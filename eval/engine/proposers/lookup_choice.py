@@ -13,7 +13,9 @@ the match when that is longer than `num_tokens`, up to `max_tokens`, and n-grams
 suffix decoding's rule (eval/engine/ngram.py `chain_length`; the plugin's `lookup_tokens`). With `min_score`
 the lookup is suffix decoding's own (eval/engine/suffix_lookup.py: the prompt's suffix tree and every earlier
 response's, as vLLM's `suffix` method): its draft of up to `num_tokens` is verified when its score (the tokens it
-expects accepted) is at least `min_score`; the plugin's `source: "suffix"`.
+expects accepted) is at least `min_score`; the plugin's `source: "suffix"`. With `drafter_floor` a request's
+min_match drops to 1 once its drafter's verified chains average under that many accepted drafts
+(eval/engine/drafter_floor.py), as the plugin's `drafter_floor`.
 
 Lossless as any chain: both candidates are deterministic functions of the context (`Draft.probs` None) and the
 target verifies whichever is chosen. `accepted()` passes the path to the drafter unchanged: it indexes positions
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from headstart.eval.engine.drafter_floor import DrafterFloor
 from headstart.eval.engine.ngram import chain_length
 from headstart.eval.engine.proposers.base import Draft, Proposer, Sampling
 from headstart.eval.engine.proposers.prompt_lookup import MAX_NGRAM, find_match
@@ -35,7 +38,8 @@ class LookupChoice:
     """`inner` (a proposer of deterministic drafts, typically a chain of K) or up to `num_tokens` lookup tokens
     when the context's suffix n-gram match is at least `min_match` long (as many as the match, up to `max_tokens`,
     when that is longer), or with `min_score` suffix decoding's draft when it scores that much (`min_match`
-    unused). `counts`: steps, steps that verified the lookup chain."""
+    unused); with `drafter_floor` a request whose drafter's chains average under that many accepted drafts takes
+    a 1-token match (DrafterFloor). `counts`: steps, steps that verified the lookup chain."""
 
     def __init__(
         self,
@@ -46,6 +50,7 @@ class LookupChoice:
         max_ngram: int = MAX_NGRAM,
         max_tokens: int | None = None,
         min_score: float | None = None,
+        drafter_floor: float | None = None,
     ):
         if min_score is not None and (min_match is not None or max_tokens is not None):
             raise ValueError(
@@ -56,6 +61,11 @@ class LookupChoice:
             raise ValueError(
                 f"lookup_min_match={min_match}: must be in 1..{max_ngram} (the longest n-gram searched). "
                 "Fix: lookup_min_match=1, 2 or 3, or leave it unset for the merged lookup branch"
+            )
+        if drafter_floor is not None and min_score is not None:
+            raise ValueError(
+                f"lookup_drafter_floor={drafter_floor} lowers the n-gram rule's lookup_min_match; suffix decoding's "
+                "draft (lookup_min_score) has none. Fix: drop lookup_drafter_floor, or lookup_min_score"
             )
         if num_tokens < 1:
             raise ValueError(f"lookup_tokens={num_tokens}: must be >= 1 with lookup_min_match")
@@ -74,12 +84,15 @@ class LookupChoice:
         # the suffix trees live as long as the decoder: every earlier reply joins the global tree, as in vLLM
         self.suffix, self.min_score = (None, None) if min_score is None else (SuffixLookup(), min_score)
         self.requests, self.prompt_len = 0, 0
+        self.floor = None if drafter_floor is None else DrafterFloor(drafter_floor)
 
     def start(self, prompt: list[int], hidden: torch.Tensor) -> None:
         self.inner.start(prompt, hidden)
+        self.requests, self.prompt_len = self.requests + 1, len(prompt)
         if self.suffix is not None:
             self.suffix.finish()
-            self.requests, self.prompt_len = self.requests + 1, len(prompt)
+        if self.floor is not None:
+            self.floor.keep([])
 
     def _lookup(self, context: list[int]) -> list[int] | None:
         """The lookup chain when it qualifies, else None."""
@@ -87,7 +100,11 @@ class LookupChoice:
             return self.suffix.chain(self.requests, self.prompt_len, context, self.most, self.min_score)
         n, chain = find_match(torch.tensor(context), self.max_ngram, self.most)
         chain = chain[: chain_length(n, self.base, self.most)]
-        return chain if n >= self.m and chain else None
+        m = self.m
+        if self.floor is not None:
+            self.floor.seen(self.requests, len(context))
+            m = self.floor.min_match(self.requests, m)
+        return chain if n >= m and chain else None
 
     def propose(self, context: list[int], sampling: Sampling) -> Draft | None:
         self.counts["steps"] += 1
@@ -101,6 +118,8 @@ class LookupChoice:
             else self.inner.propose(context, sampling)
         )
         if not matched:
+            if self.floor is not None and draft is not None:
+                self.floor.drafted(self.requests, len(context), len(draft.tokens))
             return draft
         if draft is not None and draft.probs is not None:
             raise ValueError("a lookup choice needs point-mass drafts (Draft.probs None), not sampled ones")
