@@ -97,13 +97,19 @@ def measure(
         for w in widths if r % 2 == 0 else widths[::-1]:
             steps[w] += decode(w, tokens)
     ms = {w: 1e3 * statistics.median(s) for w, s in steps.items()}
-    # a wider verify never costs less than a narrower one, nor a speculative engine's step less than a plain
-    # one's: what reads otherwise is noise (two runs on a shared 2-core CPU: w1 1.02 and 0.96, w3 1.13 and 0.99)
-    cost, running = {}, 1.0
-    for w in widths[1:]:
-        running = max(running, ms[w] / ms[0])
-        cost[w] = running
-    return {"ms": ms, "cost": cost}
+    return {"ms": ms, "cost": relative_costs(ms)}
+
+
+def relative_costs(ms: dict[int, float]) -> dict[int, float]:
+    """{w: cost} for w >= 1 from median step ms by width (0: the plain engine): the least-squares non-decreasing
+    fit of ms[w] / ms[0] (the tuner's, eval/tuning/speed_model.py), never under 1. A wider verify never costs less
+    than a narrower one, nor a speculative engine's step less than a plain one's: what reads otherwise is noise
+    (two runs on a shared 2-core CPU: w1 1.02 and 0.96, w3 1.13 and 0.99). A running maximum carried one slow width
+    to every wider one (an AVX-512 Xeon: w14 1.50, w15 1.54, then w16 1.46 and w17 1.39 read 1.54)."""
+    from headstart.eval.tuning.speed_model import non_decreasing
+
+    fitted = non_decreasing({w: t / ms[0] for w, t in ms.items() if w >= 1})
+    return {w: max(c, 1.0) for w, c in fitted.items()}
 
 
 def measure_in_vllm(

@@ -97,3 +97,15 @@ def test_the_report_holds_the_rules_prediction_beside_the_served_step_cost():
     assert "priced by vLLM's step cost by verify width on this machine" in text
     assert "1.50x; served, a vLLM step of the hybrid cost 1.34 plain steps" in text
     assert "predicted" not in "\n".join(hybrid_markdown(h | {"predicted": None}, 17))
+
+
+def test_costs_are_the_non_decreasing_fit_never_under_a_plain_step():
+    """Worked by hand: ratios to the plain step 0.99, 1.03, 1.20, 1.10, 1.30 pool the 1.20 / 1.10 violation to 1.15,
+    and a speculative step never costs under a plain one; one slow width is averaged with the wider ones after it,
+    not carried to all of them (a running maximum read 2.0 for every width past a single 2x step)."""
+    from headstart.eval.serving.vllm_costs import relative_costs
+
+    got = relative_costs({0: 100.0, 1: 99.0, 2: 103.0, 3: 120.0, 4: 110.0, 5: 130.0})
+    assert got == pytest.approx({1: 1.0, 2: 1.03, 3: 1.15, 4: 1.15, 5: 1.30})
+    spike = relative_costs({0: 100.0, 1: 100.0, 2: 200.0, 3: 100.0, 4: 100.0})
+    assert spike == pytest.approx({1: 1.0, 2: 4 / 3, 3: 4 / 3, 4: 4 / 3})
