@@ -170,8 +170,9 @@ def read_decoding(path: str | Path, greedy: bool = True, device: str | None = No
 def served_rule(record: dict | None, k: int) -> dict | None:
     """A record's hybrid rule (eval/tuning/lookup_rule.py) for a drafter chain of k, completed for serving:
     {"source": "ngram", "min_match", "k", "lookup_tokens", "max_tokens", "drafter_floor"} (max_tokens None: chains
-    of lookup_tokens; drafter_floor None: min_match for every request) or {"source": "suffix", "min_score", "k", "lookup_tokens"} (suffix decoding's draft of up to
-    lookup_tokens); None when there is none for k or the drafter alone was best."""
+    of lookup_tokens; drafter_floor None: min_match for every request) or {"source": "suffix", "min_score", "k",
+    "lookup_tokens"} (suffix decoding's draft of up to lookup_tokens); None when there is none for k or the drafter
+    alone was best."""
     rule = (record or {}).get("lookup_rule") or {}
     if rule.get("k") != k:
         return None

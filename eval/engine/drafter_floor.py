@@ -7,7 +7,8 @@ a short match exists. So a request starts at the rule's min_match and drops to W
 drafter's verified chains have averaged fewer than `floor` accepted drafts a step. What a verified step accepted
 is known before the next step drafts (the context grew by the accepted drafts and the bonus token), so the rule
 reads nothing ahead of its step: lossless as any choice of drafts. The replayed effect on the tuning prompts is
-in docs/results.md; the rule tuner (eval/tuning/lookup_rule.py) keeps a floor only where it prices faster.
+in docs/results.md; the rule tuner (eval/tuning/lookup_rule.py) keeps a floor where it prices within 1% of the
+rule without it, or faster.
 
 One class serves headstart's decoder (proposers/lookup_choice.py) and the vLLM plugin (eval/serving/
 vllm_plugin.py): both see each request's context length at every step, and that is all it reads.

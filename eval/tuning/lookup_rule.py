@@ -22,8 +22,8 @@ are priced. A rule kept at m >= 2 is then tried with a drafter floor at each of 
 drafter_floor.py: a request whose drafter's verified chains average under the floor takes a 1-token match, vLLM
 `ngram`'s rule), kept when it prices within SLACK of the rule without it or faster: replayed on the tuning prompts
 it moved the categories that copy their prompt (translation, summarization, RAG), where the hybrid lost to `ngram`,
-toward `ngram` at an unchanged overall tau. Where Arctic Inference's suffix tree is installed, suffix decoding's own draft (the prompt's and the
-earlier replies' suffix trees, up to LONG_CHAIN tokens) is tried in place of the n-gram chain at each min_score of
+toward `ngram` at an unchanged overall tau. Where Arctic Inference's suffix tree is installed, suffix decoding's
+own draft (the prompt's and the earlier replies' suffix trees, up to LONG_CHAIN tokens) is tried in place of the n-gram chain at each min_score of
 SUFFIX_SCORES, and kept when it prices faster than the n-gram rule prompt by prompt, beyond SUFFIX_SE standard
 errors (the plugin's `source: "suffix"`). Prompts the figure is later scored on must not be among the tuning
 prompts (the caller's duty, checked in eval/serve_check.py).
@@ -335,9 +335,10 @@ def tune_lookup_rule(
     """Greedy tau and verify widths of the drafter's chain of k (decoder options `chain`) alone and with a lookup
     chain of each L in `lengths` (default: k) chosen at each m, priced by `cost` (whose steps it timed:
     `cost_source`; default: `verify_costs` measured here over the median tuning prompt) -> the rule `pick_rule`
-    keeps, then that rule with chains growing to each of `growth(L, long_chain)`, kept when faster, then (at m >= 2)
-    with each drafter floor of FLOORS, kept when within SLACK or faster, then suffix decoding's draft at each of SUFFIX_SCORES (`suffix`;
-    default: where its suffix tree is installed), kept when faster still prompt by prompt (`suffix_rule`).
+    keeps, then that rule with chains growing to each of `growth(L, long_chain)`, kept when faster, then (at
+    m >= 2) with each drafter floor of FLOORS, kept when within SLACK or faster, then suffix decoding's draft at
+    each of SUFFIX_SCORES (`suffix`; default: where its suffix tree is installed), kept when faster still prompt
+    by prompt (`suffix_rule`).
     `known`: an older record's {"tau_by_rule", "widths_by_rule", "prompt_steps_by_rule"} for these prompts, rules
     recorded not decoded again."""
     if cost is None:
