@@ -106,9 +106,9 @@ def lookup_rule(
 ) -> Rule:
     """The hybrid's rule as the tuner replays it (eval/tuning/lookup_rule.py `choice`: the lookup chain of L, or as
     long as its match up to `most`, where the match is at least m tokens, or 1 once the request's drafter averages
-    under `floor` accepted drafts, else the drafter's chain); `theta`: the
-    drafter's chain wherever its first draft is at least that likely; `extend`: up to that many lookup tokens
-    behind the drafter's chain (searched on the context plus the drafts)."""
+    under `floor` accepted drafts, else the drafter's chain); `theta`: the drafter's chain wherever its first draft
+    is at least that likely; `extend`: up to that many lookup tokens behind the drafter's chain (searched on the
+    context plus the drafts)."""
     choose = choice((L, m, most, floor))
 
     def rule(p: Position, tokens: list[int], t: int) -> tuple[list[int], str]:

@@ -23,9 +23,9 @@ drafter_floor.py: a request whose drafter's verified chains average under the fl
 `ngram`'s rule), kept when it prices within SLACK of the rule without it or faster: replayed on the tuning prompts
 it moved the categories that copy their prompt (translation, summarization, RAG), where the hybrid lost to `ngram`,
 toward `ngram` at an unchanged overall tau. Where Arctic Inference's suffix tree is installed, suffix decoding's
-own draft (the prompt's and the earlier replies' suffix trees, up to LONG_CHAIN tokens) is tried in place of the n-gram chain at each min_score of
-SUFFIX_SCORES, and kept when it prices faster than the n-gram rule prompt by prompt, beyond SUFFIX_SE standard
-errors (the plugin's `source: "suffix"`). Prompts the figure is later scored on must not be among the tuning
+own draft (the prompt's and the earlier replies' suffix trees, up to LONG_CHAIN tokens) is tried in place of the
+n-gram chain at each min_score of SUFFIX_SCORES, and kept when it prices faster than the n-gram rule prompt by
+prompt, beyond SUFFIX_SE standard errors (the plugin's `source: "suffix"`). Prompts the figure is later scored on must not be among the tuning
 prompts (the caller's duty, checked in eval/serve_check.py).
 """
 
@@ -117,6 +117,11 @@ def pick_rule(values: dict[tuple[int, int] | None, float]) -> tuple[int, int] | 
     return min(close, key=lambda key: (key[0], -key[1]))
 
 
+def ngram_parts(rule: tuple) -> tuple:
+    """An n-gram rule (L, m[, max[, floor]]) as (L, m, max or None, floor or None)."""
+    return (*rule, None, None)[:4]
+
+
 def rule_name(rule: tuple | None) -> str:
     """A rule's name in the record: "none", "suffix,s=<s>,max=<M>" or "L=<L>,m=<m>[,max=<M>][,floor=<f>]" for
     (L, m[, max[, floor]]) (max None: fixed chains)."""
@@ -124,7 +129,7 @@ def rule_name(rule: tuple | None) -> str:
         return "none"
     if rule[0] == "suffix":
         return f"suffix,s={rule[1]:g},max={rule[2]}"
-    L, m, most, floor = (*rule, None, None)[:4]
+    L, m, most, floor = ngram_parts(rule)
     return f"L={L},m={m}" + (f",max={most}" if most else "") + (f",floor={floor:g}" if floor else "")
 
 
@@ -286,7 +291,7 @@ def choice(rule: tuple | None) -> replay.Choice:
         return lambda p, tokens, t: p.drafts
     if rule[0] == "suffix":
         return lambda p, tokens, t: p.suffix[1] if p.suffix[1] and p.suffix[0] >= rule[1] else p.drafts
-    L, m, most, floor = (*rule, None, None)[:4]
+    L, m, most, floor = ngram_parts(rule)
     limit, base, longest = (MAX_NGRAM, None, L) if most is None else (max(MAX_NGRAM, most), L, most)
     weak = None if floor is None else DrafterFloor(floor)  # per decode (its token list), as per request
 
@@ -323,7 +328,7 @@ def decoder_options(rule: tuple | None) -> dict:
         return {}
     if rule[0] == "suffix":
         return lookup_options({"source": "suffix", "min_score": rule[1], "lookup_tokens": rule[2]})
-    L, m, most, floor = (*rule, None, None)[:4]
+    L, m, most, floor = ngram_parts(rule)
     return lookup_options({"lookup_tokens": L, "min_match": m, "max_tokens": most, "drafter_floor": floor})
 
 
@@ -369,15 +374,14 @@ def tune_lookup_rule(
             if faster > chosen:
                 max_tokens, chosen = most, faster
     if best is not None and best[1] > 1:
-        without = chosen
         scored = {f: trials.score((*best, max_tokens, f), f"drafter floor {f:g}") for f in FLOORS}
         fastest = max(scored, key=scored.get)
-        if scored[fastest] >= without * (1 - SLACK):
+        if scored[fastest] >= chosen * (1 - SLACK):
             floor, chosen = fastest, scored[fastest]
     # the rule kept: suffix decoding's, else the n-gram's (L, m[, max[, floor]]) or the drafter alone (min_match None)
     fields = {"source": "ngram", "min_match": None if best is None else best[1], "lookup_tokens": k if best is None else best[0], "max_tokens": max_tokens, "drafter_floor": floor}  # fmt: skip
     if suffix_available() if suffix is None else suffix:
-        kept = best if best is None or (max_tokens, floor) == (None, None) else (*best, max_tokens, floor)
+        kept = best if (max_tokens, floor) == (None, None) else (*best, max_tokens, floor)
         won = suffix_rule(trials, kept, chosen, long_chain or LONG_CHAIN)
         if won is not None:
             fields = {"source": "suffix", "min_score": won[1], "min_match": None, "lookup_tokens": won[2], "max_tokens": None, "drafter_floor": None}  # fmt: skip
