@@ -12,6 +12,11 @@ next write.
 
 Readers that serve the drafter (exports, the serve check, bench-decode) pick the record for their use with
 `pick` (greedy or sampled, on a device) and say which record they used (`Picked.note`).
+
+A drafter the tuner never ran on (trained by an experiment config, whose run has no eval stage) still gets the
+hybrid's lookup rule the serve check tunes: it is kept as a rule record (`rule_record`: kind "lookup_rule",
+its conditions, the rule, no decoder settings), which `pick` never returns and `latest_rule` reads, so the next
+serve check and the export reuse it instead of tuning it again.
 """
 
 from __future__ import annotations
@@ -81,9 +86,12 @@ def branch_tokens(record: dict | None, allowed: int) -> int:
     return min(record.get("branch_tokens", allowed), allowed) if record else allowed
 
 
+RULE_RECORD = "lookup_rule"  # a record's kind: a lookup rule tuned without decoder settings (`rule_record`)
+
+
 def _records_of(data) -> list[dict]:
     if isinstance(data, dict) and isinstance(data.get("records"), list):
-        return [r for r in data["records"] if isinstance(r, dict) and "decoder" in r]
+        return [r for r in data["records"] if isinstance(r, dict) and ("decoder" in r or is_rule_record(r))]
     if isinstance(data, dict) and "decoder" in data:  # the first format: one record, migrated on reading
         return [data]
     return []
@@ -141,6 +149,7 @@ def pick(
     newest of that temperature class on that device, else the nearest (same class first, then same device,
     then a record whose class was not recorded), said in `note`; with `compiled` given, among those the ones
     priced for that decoder (compiled or eager steps) first. None when there is no record."""
+    records = [r for r in records if not is_rule_record(r)]  # they hold no decoder settings
     if not records:
         return None
     want = GREEDY if greedy else SAMPLED
@@ -165,6 +174,29 @@ def read_decoding(path: str | Path, greedy: bool = True, device: str | None = No
     """The record `pick` chooses for this use from the folder's decoding.json, None without one."""
     picked = pick(read_decodings(path), greedy, device)
     return picked.record if picked else None
+
+
+def is_rule_record(record: dict) -> bool:
+    return record.get("kind") == RULE_RECORD
+
+
+def rule_record(rule: dict, device: str, device_name: str, dtype: str, weights: str | None) -> dict:
+    """A greedy lookup rule (eval/tuning/lookup_rule.py) tuned for `weights` on a device, kept without decoder
+    settings: the serve check's, for a drafter with no tuner record. Written by `write_decoding`, it replaces
+    the rule record of the same condition."""
+    conditions = {"temperature": GREEDY, "device": device, "device_name": device_name, "dtype": dtype}
+    return {"kind": RULE_RECORD, "conditions": conditions | {"weights": weights}, "lookup_rule": rule}
+
+
+def latest_rule(records: list[dict], device: str | None, weights: str | None) -> dict | None:
+    """The newest lookup rule any record of `weights` on `device` (None: any) keeps (a rule record's, or a tuner record's:
+    a newer tuning of the tree does not carry the rule, whose decodes depend on the weights and the tuning prompts
+    only; its k, prompts and answer length are checked where it is reused), else None."""
+    for older in reversed(records):
+        c = older.get("conditions", {})
+        if older.get("lookup_rule") and device in (None, c.get("device")) and c.get("weights") == weights:
+            return older["lookup_rule"]
+    return None
 
 
 def served_rule(record: dict | None, k: int) -> dict | None:

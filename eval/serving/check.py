@@ -240,23 +240,12 @@ def write_report(report: dict, out: Path) -> None:
     (out / "serve_check.md").write_text(to_markdown(report))
 
 
-def earlier_rule(records: list[dict], record: dict, device: str) -> dict | None:
-    """The newest lookup rule an older record of the same weights on `device` keeps: a newer tuning of the tree
-    (the eval stage's) does not carry the rule, whose decodes depend on the weights and the tuning prompts only
-    (its k, prompts and answer length are checked where it is reused)."""
-    weights = record.get("conditions", {}).get("weights")
-    for older in reversed(records):
-        c = older.get("conditions", {})
-        if older.get("lookup_rule") and c.get("device") == device and c.get("weights") == weights:
-            return older["lookup_rule"]
-    return None
-
-
 def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new, dtype: str) -> dict | None:
     """decoding.json's lookup rule for a chain of k, else one tuned on `questions` (never the scored prompts),
-    priced by vLLM's own step costs (`dtype`, eval/serving/vllm_costs.py), and written there -> models/decoding.py
-    `served_rule`, or None: the drafter alone was best, so there is no hybrid to serve. A rule priced otherwise
-    is priced again (its decodes reused)."""
+    priced by vLLM's own step costs (`dtype`, eval/serving/vllm_costs.py), and written there (into the tuner's
+    record, or without one as a rule record: models/decoding.py `rule_record`) -> models/decoding.py `served_rule`,
+    or None: the drafter alone was best, so there is no hybrid to serve. A rule priced otherwise is priced again
+    (its decodes reused)."""
     from headstart.eval.serving.vllm_costs import measure_in_vllm
     from headstart.eval.stage.prompts import chat_ids
     from headstart.eval.tuning.lookup_rule import (
@@ -268,7 +257,16 @@ def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new, dtype: s
         untried_suffix,
         widest,
     )
-    from headstart.models.decoding import pick, read_decodings, served_rule, write_decoding
+    from headstart.eval.tuning.records import device_name
+    from headstart.models.checkpoint import weights_signature
+    from headstart.models.decoding import (
+        latest_rule,
+        pick,
+        read_decodings,
+        rule_record,
+        served_rule,
+        write_decoding,
+    )
     from headstart.vllm_runner import on_gpu
 
     # the greedy record for the device vLLM serves from here (the rule is kept in it, replacing only it)
@@ -276,7 +274,8 @@ def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new, dtype: s
     records = read_decodings(drafter_dir)
     picked = pick(records, greedy=True, device=device)
     record = picked.record if picked else {}
-    rule = record.get("lookup_rule") or earlier_rule(records, record, device)
+    weights = record.get("conditions", {}).get("weights") if record else weights_signature(drafter_dir)
+    rule = record.get("lookup_rule") or latest_rule(records, device, weights)
     stale = not rule or rule.get("k") != k or "speed_by_rule" not in rule
     stale = stale or untried_suffix(rule) or untried_floor(rule)
     if stale or rule.get("cost_source") != "vllm":
@@ -302,6 +301,9 @@ def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new, dtype: s
         rule = tuned.to_json()
         if record:
             write_decoding(drafter_dir, record | {"lookup_rule": rule})
+        else:  # no tuner record to keep it in (a drafter whose run had no eval stage)
+            where = device_name(backbone.device)
+            write_decoding(drafter_dir, rule_record(rule, device, where, dtype, weights))
     served = served_rule({"lookup_rule": rule}, k)
     priced = {"predicted": rule.get("predicted"), "cost_source": rule["cost_source"]}  # "vllm" by now
     return None if served is None else served | priced
@@ -385,16 +387,19 @@ def serve_check(
     alone instead (for engines that do not fit in memory together; speedups then carry the machine's drift)."""
     from headstart.eval.stage.prompts import chat_ids
     from headstart.models.backbone import BackboneConfig, load_backbone
-    from headstart.models.checkpoint import LoadedDrafter, load_drafter, read_meta
-    from headstart.models.decoding import pick, read_decodings
+    from headstart.models.checkpoint import LoadedDrafter, load_drafter, read_meta, weights_signature
+    from headstart.models.decoding import latest_rule, pick, read_decodings
     from headstart.models.export.card import tuned_k
     from headstart.vllm_runner import on_gpu
 
     meta = read_meta(drafter_dir)
     # the record for this use: greedy, on the device vLLM serves from here; the report names it
-    picked = pick(read_decodings(drafter_dir), greedy=True, device="cuda" if on_gpu() else "cpu")
+    device = "cuda" if on_gpu() else "cpu"
+    records = read_decodings(drafter_dir)
+    picked = pick(records, greedy=True, device=device)
     if not k:  # the K the exports are written for (vLLM Medusa folders ship only that many heads)
-        k = tuned_k({"decoding": picked.record if picked else None}, 3)
+        kept = None if picked else latest_rule(records, device, weights_signature(drafter_dir))
+        k = tuned_k({"decoding": picked.record if picked else None, "lookup_rule": kept}, 3)
     layouts = export_layouts(drafter_dir, meta, out / "export")
     compute = serving_dtype(dtype)  # one dtype for vLLM and ours: the comparison is of engines, not kernels
     backbone = load_backbone(BackboneConfig(**{**meta["backbone"], "dtype": compute.dtype}))

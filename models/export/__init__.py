@@ -9,8 +9,8 @@ import logging
 from pathlib import Path
 
 from headstart.models import registry
-from headstart.models.checkpoint import read_meta, resolve_checkpoint
-from headstart.models.decoding import pick, read_decodings
+from headstart.models.checkpoint import read_meta, resolve_checkpoint, weights_signature
+from headstart.models.decoding import latest_rule, pick, read_decodings
 from headstart.models.export.card import THIS_REPO, find_report
 from headstart.models.export.hub import check_hub_access, push_folder
 from headstart.models.export.publish import check_out, publish, staged
@@ -48,7 +48,8 @@ def export(
     # what the cards add: the license, and vLLM's figures when the serve check ran (eval/serve_check.py); the
     # tuner's record for greedy decoding on the serving device (decoding.json, models/decoding.py) sets vLLM's K
     # and the cards' serving snippets, and the card names that record
-    picked = pick(read_decodings(drafter_dir), greedy=True, device=serving_device)
+    records, weights = read_decodings(drafter_dir), weights_signature(drafter_dir)
+    picked = pick(records, greedy=True, device=serving_device)
     if picked:
         log.info("export: %s", picked.note)
     meta = {
@@ -56,6 +57,9 @@ def export(
         "card": {"license": license, "serve_check": find_serve_check(drafter_dir)},
         "decoding": picked.record if picked else None,
         "decoding_note": picked.note if picked else None,
+        # a lookup rule kept without a tuner record (the serve check's; as for records, the nearest device's
+        # when none was tuned on the serving one): models/export/card.py `kept_rule`
+        "lookup_rule": latest_rule(records, serving_device, weights) or latest_rule(records, None, weights),
     }
     method = registry.get(meta["method"])
     layouts = list(layouts or method.layouts)

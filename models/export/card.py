@@ -143,8 +143,18 @@ def tuned(meta: dict) -> dict | None:
 
 
 def tuned_k(meta: dict, default: int) -> int:
-    """vLLM's num_speculative_tokens: the tuner's chain length when the checkpoint has one, else `default`."""
-    return int((tuned(meta) or {}).get("vllm", {}).get("num_speculative_tokens") or default)
+    """vLLM's num_speculative_tokens: the tuner's chain length when the checkpoint has one, else the drafter's
+    chain of the lookup rule kept without a tuner record (`kept_rule`), else `default`."""
+    if rec := tuned(meta):
+        return int(rec.get("vllm", {}).get("num_speculative_tokens") or default)
+    return int((meta.get("lookup_rule") or {}).get("k") or default)
+
+
+def kept_rule(meta: dict, k: int) -> dict | None:
+    """The hybrid's lookup rule for a drafter chain of k, completed for serving (models/decoding.py
+    `served_rule`): the picked record's, else the newest one decoding.json keeps for these weights on the
+    serving device (`meta["lookup_rule"]`: the serve check's, for a drafter the tuner never ran on)."""
+    return served_rule({"lookup_rule": (tuned(meta) or {}).get("lookup_rule") or meta.get("lookup_rule")}, k)
 
 
 def tuned_lines(meta: dict) -> list[str]:
@@ -190,7 +200,7 @@ def vllm_snippet(base: str, spec: dict, meta: dict | None = None) -> list[str]:
         f'llm = LLM(model="{base}", speculative_config={text})', "```", "",
         f"or `vllm serve {base} --speculative-config '{text}'`.",
     ]  # fmt: skip
-    rule = served_rule(tuned(meta or {}), spec["num_speculative_tokens"])
+    rule = kept_rule(meta or {}, spec["num_speculative_tokens"])
     if rule is None:
         return lines
     plugin = plugin_serving(rule)[1]

@@ -257,11 +257,10 @@ def shipped_heads(meta: dict, num_heads: int) -> int:
     """How many heads the vLLM layout ships: the tuner's chain length (all heads without one), or the hybrid's
     longer lookup chain when the greedy record has a rule for that chain (vLLM's Medusa drafts one token per
     head it loads, and the lookup plugin replaces a chain of num_speculative_tokens)."""
-    from headstart.models.decoding import served_rule
-    from headstart.models.export.card import tuned, tuned_k
+    from headstart.models.export.card import kept_rule, tuned_k
 
     k = min(tuned_k(meta, num_heads), num_heads)
-    rule = served_rule(tuned(meta), k)
+    rule = kept_rule(meta, k)
     return min(num_heads, max(k, rule["lookup_tokens"])) if rule else k
 
 

@@ -427,6 +427,29 @@ def test_a_hybrid_rule_with_a_longer_lookup_chain_ships_that_many_heads(ckpt, tm
     assert '"num_speculative_tokens": 2}\' \\' in card and '"drafter_tokens": 1' in card
 
 
+def test_a_rule_kept_without_a_tuner_record_sets_the_cards_k_and_plugin_command(ckpt, tmp_path):
+    """A drafter the tuner never ran on, whose serve check kept a rule record: the export serves the rule's
+    chain (here 1 of the 2 heads, not every head) with the plugin's command beside it, although no record says
+    how to decode (pick never returns a rule record); a rule record of other weights is not used."""
+    from headstart.models.checkpoint import weights_signature
+    from headstart.models.decoding import pick, read_decodings, rule_record
+    from headstart.models.export import export
+
+    rule = {"min_match": 2, "k": 1, "lookup_tokens": 2, "drafter_floor": 0.2}
+    write_decoding(ckpt, rule_record(rule, "cpu", "some CPU, AVX512", "float32", "other weights"))
+    (folder,) = export(ckpt, tmp_path / "stale", ["vllm"])
+    assert json.loads((folder / "config.json").read_text())["num_heads"] == 2  # no rule: every head
+    assert "headstart_lookup" not in (folder / "README.md").read_text()
+
+    write_decoding(ckpt, rule_record(rule, "cpu", "some CPU, AVX512", "float32", weights_signature(ckpt)))
+    assert [r["kind"] for r in read_decodings(ckpt)] == ["lookup_rule"] and pick(read_decodings(ckpt)) is None
+    (folder,) = export(ckpt, tmp_path / "out", ["vllm"], serving_device="cpu")
+    card = (folder / "README.md").read_text()
+    assert json.loads((folder / "config.json").read_text())["num_heads"] == 2  # the lookup chain's 2
+    assert '"num_speculative_tokens": 1}\'`' in card  # the heads alone: the rule's chain
+    assert '"drafter_tokens": 1, "drafter_floor": 0.2' in card
+
+
 def test_speculators_export_writes_k(backbone, tmp_path):
     from headstart.models.checkpoint import build_drafter
     from headstart.models.eagle import Eagle3Config

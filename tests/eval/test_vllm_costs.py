@@ -63,6 +63,57 @@ def test_the_serve_check_prices_the_rule_with_vllms_steps_once(backbone, tmp_pat
     assert len(timed) == 1 and len(tuned) == 1 and again == served  # priced by vLLM already: reused
 
 
+def test_a_rule_tuned_without_a_tuner_record_is_kept_and_reused(backbone, tmp_path, monkeypatch):
+    """A drafter whose run had no eval stage (no tuner record): the serve check's rule is written as a rule
+    record of its weights and device, which the next serve check reuses without timing or tuning again; a
+    retrained drafter (other weights) is tuned anew, its stale rule dropped."""
+    import os
+
+    import headstart.eval.serving.vllm_costs as vllm_costs
+    import headstart.eval.tuning.lookup_rule as lookup_rule
+    from headstart.eval.serving.check import recorded_rule
+    from headstart.models.backbone import BackboneConfig
+    from headstart.models.checkpoint import LoadedDrafter, build_drafter, save_drafter, weights_signature
+    from headstart.models.decoding import read_decodings
+    from headstart.models.medusa import MedusaConfig
+
+    cfg, tiny = (
+        MedusaConfig(num_heads=2),
+        BackboneConfig(name="tiny", path="tiny", dtype="float32", tiny={"seed": 0}),
+    )
+    heads = build_drafter("medusa", cfg, backbone)
+    drafter_dir = save_drafter(tmp_path / "drafter", heads, "medusa", cfg, tiny, backbone)
+    loaded = LoadedDrafter(heads, {"method": "medusa"}, drafter_dir)
+    timed, tuned = [], []
+    monkeypatch.setattr(vllm_costs, "measure_in_vllm", lambda *a, **kw: timed.append(a) or dict(VLLM_COST))
+
+    def tune(*args, known=None, cost=None, cost_source="headstart", **kwargs):
+        tuned.append(known)
+        return lookup_rule.LookupRule(
+            min_match=2, k=2, lookup_tokens=3, tau_by_rule={"none": 1.1}, prompts=2, max_new_tokens=8,
+            speed_by_rule={"none": 1.0}, verify_cost={str(w): c for w, c in cost.items()}, cost_source=cost_source,
+            predicted=1.3,
+        )  # fmt: skip
+
+    monkeypatch.setattr(lookup_rule, "tune_lookup_rule", tune)
+    monkeypatch.setattr(lookup_rule, "untried_suffix", lambda rule: False)
+    monkeypatch.setattr(lookup_rule, "untried_floor", lambda rule: False)
+    questions = ["What is a cat?", "Name three colours, please."]
+    served = recorded_rule(drafter_dir, backbone, loaded, 2, questions, 8, "float32")
+    (kept,) = read_decodings(drafter_dir)
+    assert kept["kind"] == "lookup_rule" and kept["lookup_rule"]["min_match"] == 2
+    assert kept["conditions"] | {"device_name": None} == {"temperature": "greedy", "device": "cpu",
+        "device_name": None, "dtype": "float32", "weights": weights_signature(drafter_dir)}  # fmt: skip
+    again = recorded_rule(drafter_dir, backbone, loaded, 2, questions, 8, "float32")
+    assert again == served and len(timed) == 1 and tuned == [None]
+
+    os.utime(drafter_dir / "model.safetensors", ns=(1, 1))  # retrained: other weights
+    recorded_rule(drafter_dir, backbone, loaded, 2, questions, 8, "float32")
+    assert len(timed) == 2 and tuned == [None, None]
+    (kept,) = read_decodings(drafter_dir)
+    assert kept["conditions"]["weights"] == weights_signature(drafter_dir)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not is_set_up(), reason="vLLM not set up (./launch.sh vllm-setup)")
 def test_vllm_steps_are_timed_by_width_against_plain_decoding(tmp_path):
