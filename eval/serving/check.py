@@ -292,13 +292,15 @@ def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new, dtype: s
         asked = {"k": k, "prompts": len(ids), "max_new_tokens": max_new}
         same = rule and all(rule.get(key) == value for key, value in asked.items())
         logger.info("timing vLLM's steps by verify width (the rule's prices; two engines, a few minutes)")
-        cost = measure_in_vllm(served_model(backbone), median(ids), widest(LONG_CHAIN), dtype, eager=eager())
+        timed = measure_in_vllm(served_model(backbone), median(ids), widest(LONG_CHAIN), dtype, eager=eager())
+        cost = timed["cost"]
         logger.info("vLLM's step cost by width: %s", ", ".join(f"w{w} {c:.2f}" for w, c in cost.items()))
         tuned = tune_lookup_rule(
             backbone, proposer, loaded, chain, k, ids, max_new, lookup_lengths(k), LONG_CHAIN,
             known=rule if same else None, cost=cost, cost_source="vllm",
         )  # fmt: skip
-        rule = tuned.to_json()
+        # the median step ms the costs were fitted to (w0: the plain engine), kept: runs of the probe differ
+        rule = tuned.to_json() | {"vllm_step_ms": {str(w): round(t, 3) for w, t in timed["ms"].items()}}
         if record:
             write_decoding(drafter_dir, record | {"lookup_rule": rule})
         else:  # no tuner record to keep it in (a drafter whose run had no eval stage)
@@ -306,6 +308,7 @@ def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new, dtype: s
             write_decoding(drafter_dir, rule_record(rule, device, where, dtype, weights))
     served = served_rule({"lookup_rule": rule}, k)
     priced = {"predicted": rule.get("predicted"), "cost_source": rule["cost_source"]}  # "vllm" by now
+    priced["vllm_step_ms"] = rule.get("vllm_step_ms")  # the probe's medians behind the prices, in the report
     return None if served is None else served | priced
 
 

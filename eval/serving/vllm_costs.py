@@ -114,9 +114,11 @@ def relative_costs(ms: dict[int, float]) -> dict[int, float]:
 
 def measure_in_vllm(
     model: str, prompt: list[int], widest: int, dtype: str, reps: int = REPS, eager: bool = False
-) -> dict[int, float]:
-    """`measure` run by vLLM's environment (headstart/vllm_runner.py's venv) -> {w: cost} for widths 1..widest,
-    a plain step = 1. Raises VllmError with the run's last line when it fails."""
+) -> dict[str, dict[int, float]]:
+    """`measure` run by vLLM's environment (headstart/vllm_runner.py's venv) -> {"cost": {w: cost}} for widths
+    1..widest, a plain step = 1, and {"ms": {w: median step ms}} for widths 0 (the plain engine) ..widest, what the
+    costs were fitted to (kept beside them: runs of the probe differ). Raises VllmError with the run's last line
+    when it fails."""
     from headstart.vllm_runner import VllmError, venv_dir
 
     cmd = [str(venv_dir() / "bin" / "python"), "-m", "headstart.eval.serving.vllm_costs", "--model", model,
@@ -128,7 +130,8 @@ def measure_in_vllm(
     if out.returncode or not found:
         tail = (out.stderr.strip().splitlines() or ["no output"])[-1][:300]
         raise VllmError(f"timing vLLM's steps by width failed (exit {out.returncode}: {tail})")
-    return {int(w): c for w, c in json.loads(found[-1][len(PREFIX) :])["cost"].items()}
+    result = json.loads(found[-1][len(PREFIX) :])
+    return {key: {int(w): v for w, v in result[key].items()} for key in ("cost", "ms")}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -38,7 +38,7 @@ def test_the_serve_check_prices_the_rule_with_vllms_steps_once(backbone, tmp_pat
 
     def measure(model, prompt, widest, dtype, reps=4, eager=False):
         timed.append((prompt, widest, dtype))
-        return dict(VLLM_COST)
+        return {"cost": dict(VLLM_COST), "ms": {0: 30.0} | {w: 30.0 * c for w, c in VLLM_COST.items()}}
 
     def tune(*args, known=None, cost=None, cost_source="headstart", **kwargs):
         tuned.append((known, cost, cost_source))
@@ -58,6 +58,12 @@ def test_the_serve_check_prices_the_rule_with_vllms_steps_once(backbone, tmp_pat
     assert served["cost_source"] == "vllm" and served["predicted"] == 1.21 and served["min_match"] == 1
     newest = read_decoding(tmp_path, greedy=True, device="cpu")
     assert newest["decoder"] == newer["decoder"] and newest["lookup_rule"]["cost_source"] == "vllm"
+    assert newest["lookup_rule"]["vllm_step_ms"] == {
+        "0": 30.0,
+        "1": 30.6,
+        "2": 32.1,
+        "3": 33.9,
+    }  # what was fitted
 
     again = recorded_rule(tmp_path, backbone, loaded, 2, questions, 8, "float32")
     assert len(timed) == 1 and len(tuned) == 1 and again == served  # priced by vLLM already: reused
@@ -85,7 +91,9 @@ def test_a_rule_tuned_without_a_tuner_record_is_kept_and_reused(backbone, tmp_pa
     drafter_dir = save_drafter(tmp_path / "drafter", heads, "medusa", cfg, tiny, backbone)
     loaded = LoadedDrafter(heads, {"method": "medusa"}, drafter_dir)
     timed, tuned = [], []
-    monkeypatch.setattr(vllm_costs, "measure_in_vllm", lambda *a, **kw: timed.append(a) or dict(VLLM_COST))
+    monkeypatch.setattr(
+        vllm_costs, "measure_in_vllm", lambda *a, **kw: timed.append(a) or {"cost": dict(VLLM_COST), "ms": {}}
+    )
 
     def tune(*args, known=None, cost=None, cost_source="headstart", **kwargs):
         tuned.append(known)
@@ -129,11 +137,12 @@ def test_vllm_steps_are_timed_by_width_against_plain_decoding(tmp_path):
     backbone.model.save_pretrained(target)
     backbone.tokenizer.save_pretrained(target)
     prompt = backbone.tokenizer("the cat sat on the mat. the cat sat on the")["input_ids"]
-    cost = measure_in_vllm(str(target), prompt, 4, "float32", reps=1)
-    assert sorted(cost) == [1, 2, 3, 4]
+    timed = measure_in_vllm(str(target), prompt, 4, "float32", reps=1)
+    cost = timed["cost"]
+    assert sorted(cost) == [1, 2, 3, 4] and sorted(timed["ms"]) == [0, 1, 2, 3, 4]
     assert 1.0 <= cost[1] <= cost[2] <= cost[3] <= cost[4]
     assert cost[4] < 5  # relative to a plain step: a tiny model's verify of 4 is no 5 plain steps
-    json.dumps(cost)  # what decoding.json records
+    json.dumps(timed)  # what decoding.json records
 
 
 def test_the_report_holds_the_rules_prediction_beside_the_served_step_cost():
