@@ -84,10 +84,13 @@ class FirstProbability:
         return self.value
 
 
-def recorded(decoder, prompts: list[list[int]], tokens: int, most: int) -> list[Decoded]:
+def recorded(
+    decoder, prompts: list[list[int]], tokens: int, most: int, suffix: bool = False
+) -> list[Decoded]:
     """Plain greedy decodes with both sides recorded at every position (eval/tuning/replay.py): the n-gram match
-    at the rule's limit, the drafter's chain and its first draft's probability."""
-    recorder = Recorder(decoder.proposer, [max(MAX_NGRAM, most)], max(MAX_CHAIN, most))
+    at the rule's limit, the drafter's chain and its first draft's probability; `suffix`: suffix decoding's draft
+    too."""
+    recorder = Recorder(decoder.proposer, [max(MAX_NGRAM, most)], max(MAX_CHAIN, most), suffix)
     recorder.probability = FirstProbability(decoder.proposer).read
     return record(decoder, prompts, tokens, recorder)
 
@@ -122,6 +125,20 @@ def lookup_rule(
         return p.drafts, "drafter"
 
     return rule
+
+
+def suffix_first(s: float, then: Rule) -> Rule:
+    """Suffix decoding's draft where it scores at least s (its trees: the prompt and earlier replies), else `then`."""
+
+    def rule(p: Position, tokens: list[int], t: int) -> tuple[list[int], str]:
+        score, draft = p.suffix
+        return (draft, "lookup") if draft and score >= s else then(p, tokens, t)
+
+    return rule
+
+
+def nothing(p: Position, tokens: list[int], t: int) -> tuple[list[int], str]:
+    return [], "plain"
 
 
 def oracle(*rules: Rule) -> Rule:
@@ -170,6 +187,21 @@ def rules(m: int, L: int, most: int | None) -> dict[str, Rule]:
     return out
 
 
+def suffix_rules(m: int, L: int, most: int | None) -> dict[str, Rule]:
+    """With suffix decoding recorded: suffix decoding alone (vLLM's `suffix`, up to the longest chain replayed), its
+    hybrid with the drafter (the plugin's `source: "suffix"`), and three chains: its draft where it scores s, else
+    the n-gram rule's chain (m, L, growing to `most`, the drafter floor 0.2), else the drafter's; the oracle over
+    the three."""
+    base = lookup_rule(2, L, most, floor=FLOORS[0])
+    drafter = lookup_rule(MAX_CHAIN + 1, L, most)
+    out = {"suffix alone": suffix_first(0.0, nothing)}
+    for s in (0.0, 1.0, 2.0):
+        out[f"suffix at score >= {s:g}, else the drafter"] = suffix_first(s, drafter)
+        out[f"suffix at score >= {s:g}, else m=2 floor, else the drafter"] = suffix_first(s, base)
+    out["oracle over suffix, n-gram and the drafter"] = oracle(suffix_first(0.0, nothing), base, drafter)
+    return out
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", type=Path, required=True, help="run dir or drafter folder")
@@ -180,6 +212,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--per-category", type=int, default=2)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--suffix", action="store_true", help="also suffix decoding's rules (Arctic Inference)")
     p.add_argument("--out", type=Path, help="write the table as json here")
     return p.parse_args(argv)
 
@@ -197,8 +230,10 @@ def main(argv: list[str] | None = None) -> dict:
     ids = [chat_ids(backbone.tokenizer, [{"role": "user", "content": q.turns[0]}]) for q in questions]
     print(f"{len(ids)} prompts, {args.tokens} new tokens, {backbone.dtype}, chain of {args.k}", flush=True)
     m, L, most = args.rule
-    prompts = [Prompt(q.category, d) for q, d in zip(questions, recorded(decoder, ids, args.tokens, most))]
-    table = {name: simulate(prompts, rule) for name, rule in rules(m, L, most or None).items()}
+    decodes = recorded(decoder, ids, args.tokens, most, args.suffix)
+    prompts = [Prompt(q.category, d) for q, d in zip(questions, decodes)]
+    compared = rules(m, L, most or None) | (suffix_rules(m, L, most or None) if args.suffix else {})
+    table = {name: simulate(prompts, rule) for name, rule in compared.items()}
     for name, row in table.items():
         print(f"{name:45s} tau {row['tau']:.3f}  lookup on {row['lookup_share']:.0%} of {row['steps']} steps")
     if args.out:

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from headstart.eval.serving.baselines import NGRAM_SPEC
+from headstart.eval.serving.baselines import NGRAM_SPEC, SUFFIX_SPEC
 from headstart.models.decoding import local_argmax
 
 TIMED_RUNNER = ("execute_model", "_model_forward", "sample_tokens", "propose_draft_token_ids")
@@ -35,6 +35,8 @@ TIMED_PROPOSER = ("propose", "_greedy_sample")
 def specs(args) -> dict[str, dict]:
     """method name -> LLM keyword arguments."""
     out = {"plain": {}, "ngram": {"speculative_config": dict(NGRAM_SPEC)}}  # as the serve check's baseline
+    if args.suffix:  # vLLM's suffix decoding (needs Arctic Inference: ./launch.sh suffix-setup)
+        out["suffix"] = {"speculative_config": dict(SUFFIX_SPEC)}
     if args.drafter:
         from headstart.eval.serving.check import engine_args
 
@@ -144,6 +146,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--served", type=int, default=8, help="the hybrid's num_speculative_tokens (longest chain)"
     )
+    p.add_argument("--suffix", action="store_true", help="also vLLM's suffix decoding (Arctic Inference)")
     p.add_argument("--prompts", default="spec_bench")
     p.add_argument("--n", type=int, default=6)
     p.add_argument("--max-new-tokens", type=int, default=128)
