@@ -6,13 +6,16 @@ Per-category speedups come from per-prompt (tokens, seconds) at batch size 1: ea
 category's prompts divided by the same engine's plain decoding on them. Every engine is alive for the whole
 check and the prompts are interleaved across them (eval/serving/side_by_side.py), so a burst of load slows them alike.
 The check's prompts are few (default 8, `--n 22` = 2 per dev category): a category won or lost by at most 2% is
-a tie, never a win (eval/report/wins.py, the eval stage's rule too).
+a tie, never a win (eval/report/wins.py, the eval stage's rule too). With two or more prompts a category, the
+hybrid's categories are also judged beyond noise (`beyond_noise`: paired per-prompt rate ratios with intervals).
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from headstart.eval.engine.proposers.prompt_lookup import DRAFT_TOKENS, MAX_NGRAM
-from headstart.eval.report.wins import TIE, category_wins
+from headstart.eval.report.wins import TIE, category_wins, paired_intervals
 
 # vLLM's ngram proposer with the search of headstart's prompt lookup (eval/engine/proposers/prompt_lookup.py)
 NGRAM_SPEC = {
@@ -62,10 +65,12 @@ def compare(timed: dict, taus: dict, categories: list[str], drafter_layout: str)
         "vllm": category_wins(by_category(sp[f"vllm:{drafter_layout}"]), sp["vllm:ngram"]),
         "ours": category_wins(by_category(sp["ours:drafter"]), sp["ours:prompt_lookup"]),
     }
+    noise = None
     if "vllm:hybrid" in sp:  # the hybrid against the best other way to serve: drafter alone, ngram, suffix
         rivals = [f"vllm:{drafter_layout}", "vllm:ngram"] + (["vllm:suffix"] if "vllm:suffix" in sp else [])
         best = {g: max(sp[r][g] for r in rivals) for g in sp["vllm:hybrid"]}
         won["vllm_hybrid"] = category_wins(by_category(sp["vllm:hybrid"]), best)
+        noise = beyond_noise(timed, "vllm:hybrid", rivals, categories)
     return {
         "ngram_spec": NGRAM_SPEC,
         "drafter_layout": drafter_layout,
@@ -73,6 +78,27 @@ def compare(timed: dict, taus: dict, categories: list[str], drafter_layout: str)
         "tau": {k: v for k, v in taus.items() if k in sp or k.endswith(":plain")},
         "categories_won": {k: [w.won, w.of] for k, w in won.items()},
         "categories_tied": {k: w.tied for k, w in won.items()},
+        "hybrid_beyond_noise": noise,
+    }
+
+
+def beyond_noise(timed: dict, name: str, rivals: list[str], categories: list[str]) -> dict | None:
+    """Where run `name` is slower or faster than each rival beyond noise (eval/report/wins.py
+    `paired_intervals`: per-prompt rate ratios, 95% intervals pooled over categories): {"behind": {category:
+    [rivals whose interval lies wholly above it]}, "ahead": [categories where it is faster than every rival
+    beyond noise], "of": categories, "intervals": {rival: {category: interval}}}; None with one prompt a
+    category."""
+    rate = lambda key: [tokens / seconds for tokens, seconds in timed[key]]  # noqa: E731
+    intervals = {r: paired_intervals(rate(name), rate(r), categories) for r in rivals}
+    if any(v is None for v in intervals.values()):
+        return None
+    groups = list(dict.fromkeys(categories))
+    behind = {c: [r for r in rivals if intervals[r][c].high < 1] for c in groups}
+    return {
+        "behind": {c: rs for c, rs in behind.items() if rs},
+        "ahead": [c for c in groups if all(intervals[r][c].low > 1 for r in rivals)],
+        "of": len(groups),
+        "intervals": {r: {c: asdict(i) for c, i in v.items()} for r, v in intervals.items()},
     }
 
 
@@ -109,4 +135,22 @@ def to_markdown(b: dict) -> list[str]:
         lines.append(
             f"Drafter + lookup in vLLM faster than the best of the others (by more than {TIE:.0%}): {wh}/{n} categories."
         )
+        lines += noise_lines(b.get("hybrid_beyond_noise"))
     return lines
+
+
+def noise_lines(noise: dict | None) -> list[str]:
+    """The hybrid's categories won or lost beyond noise, in words."""
+    if noise is None:
+        return [
+            "Beyond noise: not judged (one prompt a category leaves no spread to tell noise from a loss; "
+            "`--per-category 2` or more)."
+        ]
+    behind = "; ".join(
+        f"{c} (behind {', '.join(r.split(':', 1)[1] for r in rs)})" for c, rs in noise["behind"].items()
+    )
+    return [
+        f"Beyond noise (per-prompt rate ratios, 95% intervals pooled over categories): faster than every other "
+        f"in {len(noise['ahead'])}/{noise['of']} categories; slower than one of them in "
+        f"{len(noise['behind'])}/{noise['of']}" + (f": {behind}." if behind else ".")
+    ]

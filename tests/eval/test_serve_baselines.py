@@ -42,3 +42,25 @@ def test_markdown_names_every_run_and_the_wins():
     assert "| math | 2.00x |" in md and "| rag | 0.80x |" in md
     assert "1/2 categories in vLLM, 0/2 in headstart's decoder" in md
     assert "`ngram` (4 drafts, n-grams 1..3)" in md
+
+
+def test_the_hybrid_is_judged_beyond_noise_per_category():
+    """The hybrid against each rival, prompt by prompt: on math it runs 1.9-2.1x the best rival's rate (ahead
+    beyond noise), on rag 0.5-0.55x ngram's (behind beyond noise); with one prompt a category nothing is judged."""
+    timed = _timed() | {
+        "vllm:hybrid": [(30, 1.0), (31, 1.0), (7.5, 1.0), (8.2, 1.0)],
+        "vllm:ngram": [(15, 1.0), (15, 1.0), (15, 1.0), (15, 1.0)],
+    }
+    b = sb.compare(timed, {k: 1.0 for k in timed}, CATS, "medusa-vllm")
+    noise = b["hybrid_beyond_noise"]
+    assert noise["ahead"] == ["math"] and noise["behind"] == {"rag": ["vllm:ngram"]} and noise["of"] == 2
+    ngram_rag = noise["intervals"]["vllm:ngram"]["rag"]
+    assert ngram_rag["low"] < ngram_rag["ratio"] < ngram_rag["high"] < 1 and ngram_rag["prompts"] == 2
+    md = "\n".join(sb.to_markdown(b))
+    assert (
+        "faster than every other in 1/2 categories; slower than one of them in 1/2: rag (behind ngram)." in md
+    )
+    single = {k: v[1:3] for k, v in timed.items()}
+    alone = sb.compare(single, {k: 1.0 for k in single}, ["math", "rag"], "medusa-vllm")
+    assert alone["hybrid_beyond_noise"] is None
+    assert "Beyond noise: not judged" in "\n".join(sb.to_markdown(alone))
