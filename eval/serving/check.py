@@ -390,19 +390,10 @@ def serve_check(
     alone instead (for engines that do not fit in memory together; speedups then carry the machine's drift)."""
     from headstart.eval.stage.prompts import chat_ids
     from headstart.models.backbone import BackboneConfig, load_backbone
-    from headstart.models.checkpoint import LoadedDrafter, load_drafter, read_meta, weights_signature
-    from headstart.models.decoding import latest_rule, pick, read_decodings
-    from headstart.models.export.card import tuned_k
-    from headstart.vllm_runner import on_gpu
+    from headstart.models.checkpoint import LoadedDrafter, load_drafter, read_meta
 
     meta = read_meta(drafter_dir)
-    # the record for this use: greedy, on the device vLLM serves from here; the report names it
-    device = "cuda" if on_gpu() else "cpu"
-    records = read_decodings(drafter_dir)
-    picked = pick(records, greedy=True, device=device)
-    if not k:  # the K the exports are written for (vLLM Medusa folders ship only that many heads)
-        kept = None if picked else latest_rule(records, device, weights_signature(drafter_dir))
-        k = tuned_k({"decoding": picked.record if picked else None, "lookup_rule": kept}, 3)
+    picked, k = served_k(drafter_dir, k)
     layouts = export_layouts(drafter_dir, meta, out / "export")
     compute = serving_dtype(dtype)  # one dtype for vLLM and ours: the comparison is of engines, not kernels
     backbone = load_backbone(BackboneConfig(**{**meta["backbone"], "dtype": compute.dtype}))
@@ -450,6 +441,24 @@ def serve_check(
     }
     write_report(report, out)
     return report
+
+
+def served_k(drafter_dir: Path, k: int | None):
+    """(the decoding.json record for this use: greedy, on the device vLLM serves from here, or None; the K the
+    exports are written for, vLLM Medusa folders shipping only that many heads): `k` when given, else the record's,
+    else the chain of a rule kept without one (models/decoding.py `rule_record`), else 3."""
+    from headstart.models.checkpoint import weights_signature
+    from headstart.models.decoding import latest_rule, pick, read_decodings
+    from headstart.models.export.card import tuned_k
+    from headstart.vllm_runner import on_gpu
+
+    device = "cuda" if on_gpu() else "cpu"
+    records = read_decodings(drafter_dir)
+    picked = pick(records, greedy=True, device=device)
+    if not k:
+        kept = None if picked else latest_rule(records, device, weights_signature(drafter_dir))
+        k = tuned_k({"decoding": picked.record if picked else None, "lookup_rule": kept}, 3)
+    return picked, k
 
 
 def engine_facts(compute, one_at_a_time: bool = False) -> dict:

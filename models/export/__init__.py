@@ -48,12 +48,13 @@ def export(
     # what the cards add: the license, and vLLM's figures when the serve check ran (eval/serve_check.py); the
     # tuner's record for greedy decoding on the serving device (decoding.json, models/decoding.py) sets vLLM's K
     # and the cards' serving snippets, and the card names that record
+    checkpoint_meta = read_meta(drafter_dir)  # a folder that is no drafter: one line, before anything else
     records, weights = read_decodings(drafter_dir), weights_signature(drafter_dir)
     picked = pick(records, greedy=True, device=serving_device)
     if picked:
         log.info("export: %s", picked.note)
     meta = {
-        **read_meta(drafter_dir),
+        **checkpoint_meta,
         "card": {"license": license, "serve_check": find_serve_check(drafter_dir)},
         "decoding": picked.record if picked else None,
         "decoding_note": picked.note if picked else None,
