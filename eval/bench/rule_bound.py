@@ -141,6 +141,10 @@ def nothing(p: Position, tokens: list[int], t: int) -> tuple[list[int], str]:
     return [], "plain"
 
 
+def drafter_alone(p: Position, tokens: list[int], t: int) -> tuple[list[int], str]:
+    return p.drafts, "drafter"
+
+
 def oracle(*rules: Rule) -> Rule:
     """At each step, whichever of `rules`' chains accepts more (the first among ties): it reads the output."""
 
@@ -175,7 +179,7 @@ def rules(m: int, L: int, most: int | None) -> dict[str, Rule]:
     confidence, extended behind the drafter, m chosen per request by the drafter's acceptance so far, and the
     oracle over the hybrid's two chains."""
     base = lookup_rule(m, L, most)
-    out = {"drafter alone": lookup_rule(MAX_CHAIN + 1, L, most)}
+    out: dict[str, Rule] = {"drafter alone": drafter_alone}
     for mm in sorted({max(1, m - 1), m, m + 1}):
         out[f"lookup at m={mm}"] = lookup_rule(mm, L, most)
     for theta in (0.5, 0.7, 0.9):
@@ -193,12 +197,13 @@ def suffix_rules(m: int, L: int, most: int | None) -> dict[str, Rule]:
     the n-gram rule's chain (m, L, growing to `most`, the drafter floor 0.2), else the drafter's; the oracle over
     the three."""
     base = lookup_rule(2, L, most, floor=FLOORS[0])
-    drafter = lookup_rule(MAX_CHAIN + 1, L, most)
     out = {"suffix alone": suffix_first(0.0, nothing)}
     for s in (0.0, 1.0, 2.0):
-        out[f"suffix at score >= {s:g}, else the drafter"] = suffix_first(s, drafter)
+        out[f"suffix at score >= {s:g}, else the drafter"] = suffix_first(s, drafter_alone)
         out[f"suffix at score >= {s:g}, else m=2 floor, else the drafter"] = suffix_first(s, base)
-    out["oracle over suffix, n-gram and the drafter"] = oracle(suffix_first(0.0, nothing), base, drafter)
+    out["oracle over suffix, n-gram and the drafter"] = oracle(
+        suffix_first(0.0, nothing), base, drafter_alone
+    )
     return out
 
 
