@@ -196,14 +196,12 @@ def suffix_rules(m: int, L: int, most: int | None) -> dict[str, Rule]:
     hybrid with the drafter (the plugin's `source: "suffix"`), and three chains: its draft where it scores s, else
     the n-gram rule's chain (m, L, growing to `most`, the drafter floor 0.2), else the drafter's; the oracle over
     the three."""
-    base = lookup_rule(2, L, most, floor=FLOORS[0])
-    out = {"suffix alone": suffix_first(0.0, nothing)}
+    base, alone = lookup_rule(2, L, most, floor=FLOORS[0]), suffix_first(0.0, nothing)
+    out = {"suffix alone": alone}
     for s in (0.0, 1.0, 2.0):
         out[f"suffix at score >= {s:g}, else the drafter"] = suffix_first(s, drafter_alone)
         out[f"suffix at score >= {s:g}, else m=2 floor, else the drafter"] = suffix_first(s, base)
-    out["oracle over suffix, n-gram and the drafter"] = oracle(
-        suffix_first(0.0, nothing), base, drafter_alone
-    )
+    out["oracle over suffix, n-gram and the drafter"] = oracle(alone, base, drafter_alone)
     return out
 
 
