@@ -165,7 +165,7 @@ def simulate(prompts: list[Prompt], rule: Rule) -> dict:
         return chain
 
     for prompt in prompts:
-        emitted, widths = replay(prompt.decoded, choose)
+        emitted, widths, _ = replay(prompt.decoded, choose)
         for key in ("all", prompt.category):
             acc = totals.setdefault(key, [0, 0])
             acc[0], acc[1] = acc[0] + emitted, acc[1] + sum(widths.values())

@@ -202,6 +202,16 @@ COST_SOURCES = {
 }
 
 
+def drafter_priced(price: dict | None) -> str:
+    """How the rule's prediction priced the drafter's own work (eval/serving/vllm_costs.py `drafter_price`)."""
+    if not price:
+        return "the drafter's own cost left out"
+    return (
+        f"the drafter's own measured in vLLM: {price['every']:.2f} plain steps every step, {price['step']:.2f} "
+        "more a step on its chain"
+    )
+
+
 def hybrid_markdown(h: dict, prompts: int) -> list[str]:
     head = [
         "",
@@ -227,9 +237,9 @@ def hybrid_markdown(h: dict, prompts: int) -> list[str]:
     if h.get("predicted") is not None:  # a rule tuned here: its prediction beside what a served step cost
         lines += [
             "",
-            f"The rule's predicted speed on the tuning prompts, priced by {COST_SOURCES[h['cost_source']]} (the "
-            f"drafter's own cost left out): {h['predicted']:.2f}x; served, a vLLM step of the hybrid cost "
-            f"{v['tau'] / v['speedup']:.2f} plain steps (tau / speedup).",
+            f"The rule's predicted speed on the tuning prompts, priced by {COST_SOURCES[h['cost_source']]} "
+            f"({drafter_priced(h.get('drafter_cost'))}): {h['predicted']:.2f}x; served, a vLLM step of the hybrid "
+            f"cost {v['tau'] / v['speedup']:.2f} plain steps (tau / speedup).",
         ]
     return lines
 
@@ -240,12 +250,15 @@ def write_report(report: dict, out: Path) -> None:
     (out / "serve_check.md").write_text(to_markdown(report))
 
 
-def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new, dtype: str) -> dict | None:
+def recorded_rule(
+    drafter_dir, backbone, loaded, k, questions, max_new, dtype: str, drafter: dict | None = None
+) -> dict | None:
     """decoding.json's lookup rule for a chain of k, else one tuned on `questions` (never the scored prompts),
-    priced by vLLM's own step costs (`dtype`, eval/serving/vllm_costs.py), and written there (into the tuner's
-    record, or without one as a rule record: models/decoding.py `rule_record`) -> models/decoding.py `served_rule`,
-    or None: the drafter alone was best, so there is no hybrid to serve. A rule priced otherwise is priced again
-    (its decodes reused)."""
+    priced by vLLM's own step costs (`dtype`, eval/serving/vllm_costs.py) and, given `drafter` (the engine
+    arguments serving the drafter alone at k), the drafter's own price in vLLM, and written there (into the
+    tuner's record, or without one as a rule record: models/decoding.py `rule_record`) -> models/decoding.py
+    `served_rule`, or None: the drafter alone was best, so there is no hybrid to serve. A rule priced otherwise
+    (not by vLLM, or its drafter priced free) is priced again (its decodes reused)."""
     from headstart.eval.serving.vllm_costs import measure_in_vllm
     from headstart.eval.stage.prompts import chat_ids
     from headstart.eval.tuning.lookup_rule import (
@@ -278,7 +291,7 @@ def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new, dtype: s
     rule = record.get("lookup_rule") or latest_rule(records, device, weights)
     stale = not rule or rule.get("k") != k or "speed_by_rule" not in rule
     stale = stale or untried_suffix(rule) or untried_floor(rule)
-    if stale or rule.get("cost_source") != "vllm":
+    if stale or rule.get("cost_source") != "vllm" or (drafter is not None and not rule.get("drafter_cost")):
         if not questions:
             raise ValueError(
                 "no prompts to tune the lookup rule on. Fix: --hybrid M, or more prompts in --prompts"
@@ -291,13 +304,21 @@ def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new, dtype: s
         # an older record of these prompts keeps each rule's tau and widths: only what is new is decoded
         asked = {"k": k, "prompts": len(ids), "max_new_tokens": max_new}
         same = rule and all(rule.get(key) == value for key, value in asked.items())
-        logger.info("timing vLLM's steps by verify width (the rule's prices; two engines, a few minutes)")
-        timed = measure_in_vllm(served_model(backbone), median(ids), widest(LONG_CHAIN), dtype, eager=eager())
-        cost = timed["cost"]
+        logger.info(
+            "timing vLLM's steps by verify width and the drafter's (the rule's prices; a few minutes)"
+        )
+        timed = measure_in_vllm(
+            served_model(backbone), median(ids), widest(LONG_CHAIN), dtype, eager=eager(), drafter=drafter
+        )
+        cost, price = timed["cost"], timed.get("drafter")
         logger.info("vLLM's step cost by width: %s", ", ".join(f"w{w} {c:.2f}" for w, c in cost.items()))
+        if price:
+            logger.info(
+                "the drafter's: %.3f every step, %.3f more a step on its chain", price["every"], price["step"]
+            )
         tuned = tune_lookup_rule(
             backbone, proposer, loaded, chain, k, ids, max_new, lookup_lengths(k), LONG_CHAIN,
-            known=rule if same else None, cost=cost, cost_source="vllm",
+            known=rule if same else None, cost=cost, cost_source="vllm", drafter_cost=price,
         )  # fmt: skip
         # the median step ms the costs were fitted to (w0: the plain engine), kept: runs of the probe differ
         rule = tuned.to_json() | {"vllm_step_ms": {str(w): round(t, 3) for w, t in timed["ms"].items()}}
@@ -309,16 +330,26 @@ def recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new, dtype: s
     served = served_rule({"lookup_rule": rule}, k)
     priced = {"predicted": rule.get("predicted"), "cost_source": rule["cost_source"]}  # "vllm" by now
     priced["vllm_step_ms"] = rule.get("vllm_step_ms")  # the probe's medians behind the prices, in the report
+    priced["drafter_cost"] = rule.get("drafter_cost")
     return None if served is None else served | priced
 
 
 def hybrid_rule(
-    hybrid, drafter_dir, backbone, loaded, k: int, questions, max_new: int, dtype: str
+    hybrid,
+    drafter_dir,
+    backbone,
+    loaded,
+    k: int,
+    questions,
+    max_new: int,
+    dtype: str,
+    drafter: dict | None = None,
 ) -> dict | None:
-    """The rule the hybrid runs: none (`hybrid` None), decoding.json's or tuned (0, `recorded_rule`), or
-    min_match = `hybrid` given by hand with the lookup chain as long as the drafter's."""
+    """The rule the hybrid runs: none (`hybrid` None), decoding.json's or tuned (0, `recorded_rule`, the drafter
+    priced with the engine arguments `drafter`), or min_match = `hybrid` given by hand with the lookup chain as
+    long as the drafter's."""
     if hybrid == 0:
-        return recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new, dtype)
+        return recorded_rule(drafter_dir, backbone, loaded, k, questions, max_new, dtype, drafter)
     return None if hybrid is None else {"source": "ngram", "min_match": hybrid, "k": k, "lookup_tokens": k}
 
 
@@ -351,8 +382,8 @@ def hybrid_summary(runs: dict, errors: dict, rule: dict) -> dict:
     }  # fmt: skip
 
 
-def add_hybrid(specs, ours, layouts, backbone, loaded, rule: dict) -> None:
-    """The hybrid's two engines: vLLM serving the first required layout with headstart's plugin (drafting
+def add_hybrid(specs, ours, lay, backbone, loaded, rule: dict) -> None:
+    """The hybrid's two engines: vLLM serving layout `lay` (the first required) with headstart's plugin (drafting
     max(k, L), the drafter keeping its first k), and headstart's decoder drafting the same chain of k with the
     same rule (models/decoding.py `lookup_options`)."""
     from headstart.eval.engine.decoder import build_decoder
@@ -361,7 +392,6 @@ def add_hybrid(specs, ours, layouts, backbone, loaded, rule: dict) -> None:
 
     proposer = registry.proposer_of(loaded.meta["method"])
     options, _ = chain_options(proposer, rule["k"], loaded.drafter)
-    lay = next(lay for lay in layouts if lay.required)
     specs["vllm:hybrid"] = hybrid_spec(loaded.meta["method"], lay, rule)
     decoder = build_decoder(proposer, backbone, loaded, **options, **lookup_options(rule))
     ours["ours:hybrid"] = OursRunner(decoder, set(decoder.eos_token_ids))
@@ -406,9 +436,11 @@ def serve_check(
         specs["vllm:ngram"] = {"speculative_config": dict(sb.NGRAM_SPEC)}
     if suffix:
         specs["vllm:suffix"] = {"speculative_config": dict(sb.SUFFIX_SPEC)}
-    rule = hybrid_rule(hybrid, drafter_dir, backbone, loaded, k, tune_questions or [], max_new, compute.dtype)
+    served = next(lay for lay in layouts if lay.required)  # the layout the hybrid serves
+    rule = hybrid_rule(hybrid, drafter_dir, backbone, loaded, k, tune_questions or [], max_new, compute.dtype,
+                       layout_spec(meta["method"], served, k))  # fmt: skip
     if rule is not None:
-        add_hybrid(specs, ours, layouts, backbone, loaded, rule)
+        add_hybrid(specs, ours, served, backbone, loaded, rule)
     max_len = max(len(p) for p in prompts) + max_new + 16
     runs, errors = run_side_by_side(served_model(backbone), ours, specs, prompts, max_new, max_len, eos, out,
                                     compute.dtype, together=not one_at_a_time)  # fmt: skip

@@ -13,15 +13,23 @@ one). For each width the same prompt is decoded for `tokens` tokens and every st
 whole (LLMEngine.step: scheduling, the target's forward, sampling, the rejection sampler, bookkeeping); the plain
 engine and the widths take turns, `reps` rounds in alternating order, so load from other processes falls on all
 alike. cost(w) = median step at w / the plain engine's median step, made non-decreasing in w: cost(1) is a
-speculative engine's step that drafted nothing. The drafter's own cost is left out, as in headstart's curve (a
-lookup step skips it). Measured on a 2-core AMD EPYC (AVX2, float32, SmolLM2-135M, a 49-token prompt): w3
-0.99-1.13 over four runs, w5 1.10-1.24 (headstart's eager curve there: w2 1.60, w3 1.79). What it leaves out, there:
-Medusa heads drafting 2 cost 1.24 plain steps where a forced width 3 cost 1.13, interleaved in one process (the
-heads' call and its bookkeeping), so priced so the hybrid's prediction ran 28% over the serve check's measurement.
+speculative engine's step that drafted nothing. Measured on a 2-core AMD EPYC (AVX2, float32, SmolLM2-135M, a
+49-token prompt): w3 0.99-1.13 over four runs, w5 1.10-1.24 (headstart's eager curve there: w2 1.60, w3 1.79).
+
+The drafter's own cost, given its speculative config (`drafter`): a widening verify is not all a drafter's step
+costs. Medusa heads drafting 2 cost 1.24 plain steps where a forced width 3 cost 1.13 (AVX2 EPYC), and 1.18 where
+the probe priced width 3 at 1.00 (AVX-512 Xeon, float32, 51 prompts served): the heads' call, the hidden states
+the target hands them, their bookkeeping. Left out, the hybrid's predictions ran 10-28% over what was served, and
+every rule was priced as if its drafter's steps were as cheap as its lookup steps. So an engine serving the
+drafter alone at its chain of k takes its turns with the rest, and its median step, less the forced width k + 1's,
+is what a drafter's step adds (`drafter_price`). A drafter that keeps a KV cache (EAGLE, a draft model) makes its
+first pass on every step, lookup steps too (eval/serving/vllm_plugin.py): a second engine at k = 1 prices that
+pass, paid each step, apart from the further passes a drafter's step pays.
 
 Run in vLLM's environment (the serve check does, `measure_in_vllm`):
 
-    .venv-vllm/bin/python -m headstart.eval.serving.vllm_costs --model DIR --prompt-ids IDS.json --widest 17
+    .venv-vllm/bin/python -m headstart.eval.serving.vllm_costs --model DIR --prompt-ids IDS.json --widest 17 \
+        [--drafter '{"speculative_config": {"method": "medusa", "model": HEADS, "num_speculative_tokens": 2}}']
 """
 
 from __future__ import annotations
@@ -47,9 +55,12 @@ def measure(
     reps: int = REPS,
     tokens: int = TOKENS,
     eager: bool = False,
+    drafter: dict | None = None,
 ) -> dict:
     """{"ms": {w: median step ms}, "cost": {w: cost}} for widths 1..`widest` (w 0: the plain engine), run here;
-    `eager`: vLLM's enforce_eager, as the serve check's engines run (headstart/vllm_runner.py `eager`)."""
+    `eager`: vLLM's enforce_eager, as the serve check's engines run (headstart/vllm_runner.py `eager`). With
+    `drafter` (the engine arguments that serve the drafter alone: its speculative_config drafting k, and what its
+    export needs) also "drafter": `drafter_price` of its steps, timed in the same rounds."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engines in this process: their steps timed here
     from vllm import LLM, SamplingParams
     from vllm.v1.engine.llm_engine import LLMEngine
@@ -58,7 +69,13 @@ def measure(
               "async_scheduling": False, "generation_config": "vllm", "seed": 0, "enforce_eager": eager}  # fmt: skip
     ngram = {"method": "ngram", "num_speculative_tokens": max(widest - 1, 1), "prompt_lookup_min": 1,
              "prompt_lookup_max": 1}  # fmt: skip
-    engines = {"plain": LLM(model, **common), "spec": LLM(model, speculative_config=ngram, **common)}
+    # the n-gram engine last: an engine started after it fails vLLM's start-up scan of loaded modules (numba's)
+    engines = {"plain": LLM(model, **common)}
+    for name, extras in drafter_engines(drafter).items():
+        engines[name] = LLM(model, **common | extras)
+    engines["spec"] = LLM(model, speculative_config=ngram, **common)
+    runs = [(w, "spec" if w else "plain") for w in range(widest + 1)]  # (what is timed, the engine timing it)
+    runs += [(name, name) for name in engines if name.startswith("drafter")]
     # imported once the engines are up: vLLM's start-up scans every loaded module, and numba's (which the n-gram
     # proposer loads) fails that scan
     from vllm.v1.spec_decode.ngram_proposer import NgramProposer
@@ -82,22 +99,62 @@ def measure(
     NgramProposer.propose, LLMEngine.step = forced, timed(LLMEngine.step)
     params = {n: SamplingParams(temperature=0, max_tokens=n) for n in (4, tokens)}
 
-    def decode(w: int, n: int) -> list[float]:
-        drafts["n"], times["on"] = max(w - 1, 0), []
-        engine = engines["plain" if w == 0 else "spec"]
-        engine.generate([{"prompt_token_ids": prompt}], params[n], use_tqdm=False)
+    def decode(key, engine: str, n: int) -> list[float]:
+        drafts["n"], times["on"] = max(key - 1, 0) if isinstance(key, int) else 0, []
+        engines[engine].generate([{"prompt_token_ids": prompt}], params[n], use_tqdm=False)
         out, times["on"] = times["on"], None
         return out[1:]  # the first step is the prefill's
 
-    widths = list(range(widest + 1))
-    for w in widths:  # first calls (a new shape, the sampler's first batch of drafts) out of the timing
-        decode(w, 4)
-    steps: dict[int, list[float]] = {w: [] for w in widths}
+    for (
+        key,
+        engine,
+    ) in runs:  # first calls (a new shape, the sampler's first batch of drafts) out of the timing
+        decode(key, engine, 4)
+    steps: dict = {key: [] for key, _ in runs}
     for r in range(reps):
-        for w in widths if r % 2 == 0 else widths[::-1]:
-            steps[w] += decode(w, tokens)
-    ms = {w: 1e3 * statistics.median(s) for w, s in steps.items()}
-    return {"ms": ms, "cost": relative_costs(ms)}
+        for key, engine in runs if r % 2 == 0 else runs[::-1]:
+            steps[key] += decode(key, engine, tokens)
+    ms = {key: 1e3 * statistics.median(s) for key, s in steps.items()}
+    widths = {w: t for w, t in ms.items() if isinstance(w, int)}
+    out = {"ms": widths, "cost": relative_costs(widths)}
+    if drafter:
+        spec = drafter["speculative_config"]
+        k, method = spec["num_speculative_tokens"], spec["method"]
+        timed = {name: round(ms[name], 3) for name in ("drafter", "drafter1") if name in ms}  # kept beside
+        out["drafter"] = drafter_price(ms, k, stateful(method)) | {"k": k, "method": method, "ms": timed}
+    return out
+
+
+def stateful(method: str) -> bool:
+    """Whether a vLLM speculative method's drafter keeps a KV cache, so makes a first pass every step (all but
+    Medusa's heads, which read only the step's hidden state)."""
+    return method != "medusa"
+
+
+def drafter_engines(drafter: dict | None) -> dict[str, dict]:
+    """{name: engine arguments} of the engines that price a drafter: "drafter" serving it alone at its chain of
+    k, and for a stateful one "drafter1" at k = 1 (its first pass); none without a drafter."""
+    if not drafter:
+        return {}
+    engines = {"drafter": drafter}
+    spec = drafter["speculative_config"]
+    if stateful(spec["method"]) and spec["num_speculative_tokens"] > 1:
+        engines["drafter1"] = drafter | {"speculative_config": spec | {"num_speculative_tokens": 1}}
+    return engines
+
+
+def drafter_price(ms: dict, k: int, keeps_cache: bool) -> dict[str, float]:
+    """What a drafter adds to a step, in plain steps, from median step ms (0: the plain engine; widths; "drafter":
+    the drafter alone at its chain of k, verifying k + 1; "drafter1", for a drafter that `keeps_cache` and k > 1:
+    at k = 1) -> {"every": paid on every step (such a drafter's first pass), "step": paid more on a step that
+    verifies its chain}. Each is the drafter engine's step less the forced verify of its width, in the same
+    rounds; never under 0 (what reads so is noise), the first pass never more than the whole."""
+    plain = ms[0]
+    whole = max((ms["drafter"] - ms[k + 1]) / plain, 0.0)
+    first = 0.0
+    if keeps_cache:  # its first pass timed at k = 1 (a chain of 1 is all first pass)
+        first = whole if k == 1 else min(max((ms["drafter1"] - ms[2]) / plain, 0.0), whole)
+    return {"every": first, "step": whole - first}
 
 
 def relative_costs(ms: dict[int, float]) -> dict[int, float]:
@@ -113,17 +170,18 @@ def relative_costs(ms: dict[int, float]) -> dict[int, float]:
 
 
 def measure_in_vllm(
-    model: str, prompt: list[int], widest: int, dtype: str, reps: int = REPS, eager: bool = False
-) -> dict[str, dict[int, float]]:
+    model: str, prompt: list[int], widest: int, dtype: str, reps: int = REPS, eager: bool = False,
+    drafter: dict | None = None,
+) -> dict:  # fmt: skip
     """`measure` run by vLLM's environment (headstart/vllm_runner.py's venv) -> {"cost": {w: cost}} for widths
     1..widest, a plain step = 1, and {"ms": {w: median step ms}} for widths 0 (the plain engine) ..widest, what the
-    costs were fitted to (kept beside them: runs of the probe differ). Raises VllmError with the run's last line
-    when it fails."""
+    costs were fitted to (kept beside them: runs of the probe differ); with `drafter` (its engine arguments) also
+    "drafter": its price (`drafter_price`). Raises VllmError with the run's last line when it fails."""
     from headstart.vllm_runner import VllmError, venv_dir
 
     cmd = [str(venv_dir() / "bin" / "python"), "-m", "headstart.eval.serving.vllm_costs", "--model", model,
            "--prompt-ids", json.dumps(prompt), "--widest", str(widest), "--dtype", dtype, "--reps", str(reps),
-           *(["--eager"] if eager else [])]  # fmt: skip
+           *(["--eager"] if eager else []), *(["--drafter", json.dumps(drafter)] if drafter else [])]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": ""}  # nothing of the project's venv leaks in
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     found = [line for line in out.stdout.splitlines() if line.startswith(PREFIX)]
@@ -131,7 +189,8 @@ def measure_in_vllm(
         tail = (out.stderr.strip().splitlines() or ["no output"])[-1][:300]
         raise VllmError(f"timing vLLM's steps by width failed (exit {out.returncode}: {tail})")
     result = json.loads(found[-1][len(PREFIX) :])
-    return {key: {int(w): v for w, v in result[key].items()} for key in ("cost", "ms")}
+    timed = {key: {int(w): v for w, v in result[key].items()} for key in ("cost", "ms")}
+    return timed | ({"drafter": result["drafter"]} if "drafter" in result else {})
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -147,12 +206,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--eager", action="store_true", help="vLLM's enforce_eager (default: compiled, as it serves)"
     )
+    p.add_argument(
+        "--drafter", default=None, help="JSON: the engine arguments serving the drafter alone (its price)"
+    )
     args = p.parse_args(argv)
     raw = args.prompt_ids
     prompt = json.loads(Path(raw).read_text() if not raw.lstrip().startswith("[") else raw)
-    result = measure(args.model, prompt, args.widest, args.dtype, args.reps, args.tokens, args.eager)
+    drafter = json.loads(args.drafter) if args.drafter else None
+    result = measure(args.model, prompt, args.widest, args.dtype, args.reps, args.tokens, args.eager, drafter)
     print(PREFIX + json.dumps(result), flush=True)
     print(" ".join(f"w{w} {c:.2f}" for w, c in result["cost"].items()), file=sys.stderr)
+    if drafter:
+        price = result["drafter"]
+        print(
+            f"drafter: {price['every']:.3f} every step, {price['step']:.3f} more a drafter's step",
+            file=sys.stderr,
+        )
 
 
 if __name__ == "__main__":

@@ -12,9 +12,11 @@ not depend on the drafts, so the steps a rule takes follow from what each side p
 tau and the verify width of every step it took are kept, and it is priced with a verify cost by width, relative to
 a plain step: the serving engine's where the caller has it (the serve check: vLLM's steps,
 eval/serving/vllm_costs.py; `cost_source` "vllm"), else headstart's (`verify_costs`: one eager target forward of w
-chained tokens over a prompt's cache): predicted speed = tokens emitted / the steps' summed costs, what
-a speedup over plain decoding would be if drafting were free (the drafter's own cost is left out: the lookup
-saves it on the steps it takes). The best speed wins; among rules within SLACK of it the shortest L (the narrower
+chained tokens over a prompt's cache): predicted speed = tokens emitted / the steps' summed costs. Where the caller
+has the drafter's own price too (`drafter_cost`, the serve check's: what a drafter's step adds in vLLM, and what a
+drafter with a KV cache adds to every step), the steps that verify the drafter's chain pay it, so a rule that
+takes more lookup steps saves what the drafter would have cost there; without it drafting is priced free. The
+best speed wins; among rules within SLACK of it the shortest L (the narrower
 verify) and the largest m (fewer drafts replaced). The chosen (L, m) is then tried with chains that grow with
 their match (suffix decoding's rule: a match of n > L tokens verifies n) up to each of GROWTH, kept when its
 predicted speed is higher: growth changes only the steps whose match is longer than L, and their wider verifies
@@ -81,9 +83,11 @@ class LookupRule:
     min_score: float | None = None  # "suffix": the score its draft needs
     # whose steps verify_cost timed: "headstart" (its eager forward, `verify_costs`) or "vllm" (vllm_costs.py)
     cost_source: str = "headstart"
-    predicted: float | None = (
-        None  # the kept rule's predicted speed over plain decoding (its drafter's cost out)
-    )
+    predicted: float | None = None  # the kept rule's predicted speed over plain decoding
+    # what the drafter adds, in plain steps: {"every": each step, "step": each step verifying its chain}; None:
+    # drafting priced free. And per rule, the steps that verified the drafter's chain
+    drafter_cost: dict | None = None
+    drafter_steps_by_rule: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -144,23 +148,32 @@ def steps_by_width(forwards: int, proposed_by_position: list[int]) -> Counter:
     return out
 
 
-def predicted_speed(tau: float, widths: dict[int, int], cost: dict[int, float]) -> float:
-    """Tokens per plain step's time: tau * steps / their summed verify costs (cost by width, a plain step = 1;
-    a width past the curve costs as its widest)."""
+def predicted_speed(
+    tau: float, widths: dict[int, int], cost: dict[int, float], drafted: int = 0, drafter: dict | None = None
+) -> float:
+    """Tokens per plain step's time: tau * steps / their summed costs: each step's verify (cost by width, a plain
+    step = 1; a width past the curve costs as its widest) and, with the drafter's price `drafter`, its "every"
+    on each step and its "step" on the `drafted` steps that verified the drafter's chain."""
     steps = sum(widths.values())
     if not steps:
         return 1.0
     most = max(cost)
-    return tau * steps / sum(n * cost[min(w, most)] for w, n in widths.items())
+    total = sum(n * cost[min(w, most)] for w, n in widths.items())
+    if drafter:
+        total += steps * drafter["every"] + drafted * drafter["step"]
+    return tau * steps / total
 
 
-def clearly_faster(new: list, old: list, cost: dict[int, float], se: float = SUFFIX_SE) -> bool:
-    """Per-prompt [accepted, {width: steps}] of two rules on the same prompts: whether `new` emits more tokens per
-    plain step's time than `old` by more than `se` standard errors of the mean per-prompt difference."""
+def clearly_faster(
+    new: list, old: list, cost: dict[int, float], se: float = SUFFIX_SE, drafter: dict | None = None
+) -> bool:
+    """Per-prompt [accepted, {width: steps}, drafter's steps] of two rules on the same prompts (priced by `cost`
+    and `drafter`, as `predicted_speed`): whether `new` emits more tokens per plain step's time than `old` by more
+    than `se` standard errors of the mean per-prompt difference."""
 
-    def speed(accepted: int, widths: dict) -> float:
+    def speed(accepted: int, widths: dict, drafted: int = 0) -> float:
         steps = {int(w): n for w, n in widths.items()}
-        return predicted_speed(accepted / max(sum(steps.values()), 1), steps, cost)
+        return predicted_speed(accepted / max(sum(steps.values()), 1), steps, cost, drafted, drafter)
 
     d = [speed(*a) - speed(*b) for a, b in zip(new, old, strict=True)]
     if len(d) < 2:
@@ -215,38 +228,54 @@ def verify_costs(backbone, context: list[int], widest: int, reps: int = COST_REP
 
 class Trials:
     """The rules tried: each one's greedy decode of the tuning prompts (`decode(rule)` -> per prompt [accepted,
-    {width: steps}], forwards), or its recorded one from `known`, priced by `cost`."""
+    {width: steps}, drafter's steps], forwards), or its recorded one from `known`, priced by `cost` and the
+    drafter's price `drafter` (`predicted_speed`)."""
 
-    def __init__(self, decode, cost: dict[int, float], known: dict | None):
-        self.decode, self.cost = decode, cost
+    def __init__(self, decode, cost: dict[int, float], known: dict | None, drafter: dict | None = None):
+        self.decode, self.cost, self.drafter = decode, cost, drafter
         self.taus: dict = {}
         self.widths: dict = {}
+        self.drafted: dict = {}
         self.per_prompt: dict = {}
         known = known or {}
         self.old = (
             known.get("tau_by_rule", {}),
             known.get("widths_by_rule", {}),
             known.get("prompt_steps_by_rule", {}),
+            known.get("drafter_steps_by_rule", {}),
         )
 
     def speed(self, rule) -> float:
-        return predicted_speed(self.taus[rule], self.widths[rule], self.cost)
+        return predicted_speed(
+            self.taus[rule], self.widths[rule], self.cost, self.drafted.get(rule, 0), self.drafter
+        )
+
+    def recorded(self, name: str, paired: bool) -> bool:
+        """Whether an older record holds what pricing rule `name` needs (the drafter's steps, where they are
+        priced; per prompt for a paired test, with the drafter's steps where they are priced)."""
+        taus, widths, prompts, drafted = self.old
+        if name not in taus or name not in widths or (self.drafter and name not in drafted):
+            return False
+        rows = prompts.get(name)
+        return not paired or (rows is not None and (not self.drafter or all(len(r) == 3 for r in rows)))
 
     def score(self, rule: tuple | None, step: str, paired: bool = False) -> float:
         """The rule's predicted speed, decoded unless recorded (`paired`: with its per-prompt steps)."""
         name = rule_name(rule)
-        taus, widths, prompts = self.old
-        if name in taus and name in widths and (name in prompts or not paired):
+        taus, widths, prompts, drafted = self.old
+        if self.recorded(name, paired):
             self.taus[rule], self.widths[rule] = taus[name], {int(w): n for w, n in widths[name].items()}
+            self.drafted[rule] = drafted.get(name, 0)
             if name in prompts:
                 self.per_prompt[rule] = prompts[name]
             log.info("lookup rule %s, %s: greedy tau %.3f (recorded)", step, name, taus[name])
             return self.speed(rule)
         self.per_prompt[rule], forwards = self.decode(rule)
         steps: Counter = Counter()
-        for _, these in self.per_prompt[rule]:
-            steps += Counter({int(w): n for w, n in these.items()})
-        accepted = sum(a for a, _ in self.per_prompt[rule])
+        for row in self.per_prompt[rule]:
+            steps += Counter({int(w): n for w, n in row[1].items()})
+        accepted = sum(row[0] for row in self.per_prompt[rule])
+        self.drafted[rule] = sum(row[2] for row in self.per_prompt[rule])
         self.taus[rule], self.widths[rule] = (accepted / forwards if forwards else 1.0), dict(steps)
         log.info(
             "lookup rule %s, %s: greedy tau %.3f, predicted %.3fx on %d prompts",
@@ -264,6 +293,8 @@ class Trials:
             "speed_by_rule": {rule_name(r): self.speed(r) for r in self.taus},
             "prompt_steps_by_rule": {rule_name(r): steps for r, steps in self.per_prompt.items()},
             "verify_cost": {str(w): c for w, c in self.cost.items()},
+            "drafter_cost": self.drafter,
+            "drafter_steps_by_rule": {rule_name(r): n for r, n in self.drafted.items()},
         }
 
 
@@ -276,7 +307,9 @@ def suffix_rule(trials: Trials, kept: tuple | None, chosen: float, most: int) ->
     fastest = max(tried, key=lambda rule: (trials.speed(rule), rule[1]))
     trials.score(kept, "the kept n-gram rule, per prompt", paired=True)
     pp = trials.per_prompt
-    won = trials.speed(fastest) > chosen and clearly_faster(pp[fastest], pp[kept], trials.cost)
+    won = trials.speed(fastest) > chosen and clearly_faster(
+        pp[fastest], pp[kept], trials.cost, drafter=trials.drafter
+    )
     log.info(
         "lookup rule: suffix decoding (%s, %.3fx) %s the n-gram rule (%.3fx)",
         rule_name(fastest), trials.speed(fastest), "replaces" if won else "does not clearly beat", chosen,
@@ -312,12 +345,12 @@ def choice(rule: tuple | None) -> replay.Choice:
 
 
 def replayed(decodes: list[replay.Decoded], rule: tuple | None) -> tuple[list, int]:
-    """A rule's per-prompt [tokens emitted, {width: steps}] and its forwards, replayed on recorded decodes: what
-    decoding it gives (Trials keeps it so)."""
+    """A rule's per-prompt [tokens emitted, {width: steps}, steps verifying the drafter's chain] and its forwards,
+    replayed on recorded decodes: what decoding it gives (Trials keeps it so)."""
     rows, forwards = [], 0
     for d in decodes:
-        emitted, widths = replay.replay(d, choice(rule))
-        rows.append([emitted, {str(w): n for w, n in sorted(widths.items())}])
+        emitted, widths, drafted = replay.replay(d, choice(rule))
+        rows.append([emitted, {str(w): n for w, n in sorted(widths.items())}, drafted])
         forwards += sum(widths.values())
     return rows, forwards
 
@@ -336,10 +369,12 @@ def tune_lookup_rule(
     backbone, proposer: str, loaded, chain: dict, k: int, prompts: list[list[int]], max_new: int,
     lengths: list[int] | None = None, long_chain: int | None = LONG_CHAIN, known: dict | None = None,
     cost: dict[int, float] | None = None, suffix: bool | None = None, cost_source: str = "headstart",
+    drafter_cost: dict | None = None,
 ) -> LookupRule:  # fmt: skip
     """Greedy tau and verify widths of the drafter's chain of k (decoder options `chain`) alone and with a lookup
     chain of each L in `lengths` (default: k) chosen at each m, priced by `cost` (whose steps it timed:
-    `cost_source`; default: `verify_costs` measured here over the median tuning prompt) -> the rule `pick_rule`
+    `cost_source`; default: `verify_costs` measured here over the median tuning prompt) and the drafter's own price
+    `drafter_cost` (eval/serving/vllm_costs.py `drafter_price`; None: drafting priced free) -> the rule `pick_rule`
     keeps, then that rule with chains growing to each of `growth(L, long_chain)`, kept when faster, then (at
     m >= 2) with each drafter floor of FLOORS, kept when within SLACK or faster, then suffix decoding's draft at
     each of SUFFIX_SCORES (`suffix`; default: where its suffix tree is installed), kept when faster still prompt
@@ -362,7 +397,7 @@ def tune_lookup_rule(
             decodes.extend(replay.record(decoder, prompts, max_new, recorder))
         return replayed(decodes, rule)
 
-    trials = Trials(decode, cost, known)
+    trials = Trials(decode, cost, known, drafter_cost)
     rules = [None, *((L, m) for L in lengths or [k] for m in range(1, MAX_NGRAM + 1))]
     for i, rule in enumerate(rules, 1):
         trials.score(rule, f"{i}/{len(rules)}")

@@ -99,19 +99,23 @@ def accepted(chain: list[int], tokens: list[int], t: int) -> int:
     return a
 
 
-# (position, the decode's tokens, t) -> the chain verified there (empty: a plain step). A rule reads only
-# tokens[:t], the context; an oracle may read further
+# (position, the decode's tokens, t) -> the chain verified there (empty: a plain step); the position's own
+# `drafts` list itself where the drafter's chain is chosen (a step the drafter's cost is paid on). A rule reads
+# only tokens[:t], the context; an oracle may read further
 Choice = Callable[[Position, list[int], int], list[int]]
 
 
-def replay(decoded: Decoded, choose: Choice) -> tuple[int, Counter]:
-    """One prompt's (tokens emitted by its steps, steps by verify width) under `choose`."""
-    t, emitted, widths = decoded.start, 0, Counter()
+def replay(decoded: Decoded, choose: Choice) -> tuple[int, Counter, int]:
+    """One prompt's (tokens emitted by its steps, steps by verify width, steps that verified the drafter's chain)
+    under `choose`."""
+    t, emitted, widths, drafted = decoded.start, 0, Counter(), 0
     end = len(decoded.tokens)
     while t < end:
-        chain = choose(decoded.positions[t], decoded.tokens, t)
+        position = decoded.positions[t]
+        chain = choose(position, decoded.tokens, t)
         a = accepted(chain, decoded.tokens, t)
         emitted += min(a + 1, end - t)
         widths[len(chain) + 1] += 1
+        drafted += chain is position.drafts
         t += a + 1
-    return emitted, widths
+    return emitted, widths, drafted

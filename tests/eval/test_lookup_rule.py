@@ -46,6 +46,50 @@ def test_steps_by_width_and_their_price_worked_by_hand():
     assert predicted_speed(2.0, {9: 1}, {1: 1.0, 4: 1.25}) == pytest.approx(1.6)  # past the curve: its widest
 
 
+def test_the_drafters_own_price_worked_by_hand():
+    """A drafter's price: "every" on each step, "step" more on the steps that verified its chain."""
+    cost = {1: 1.0, 2: 1.0, 3: 1.0}
+    # 4 steps of width 3, tau 1.5: 6 tokens; 2 of the steps verified the drafter's chain
+    assert predicted_speed(1.5, {3: 4}, cost, 2) == pytest.approx(1.5)  # no price: drafting free
+    priced = predicted_speed(1.5, {3: 4}, cost, 2, {"every": 0.0, "step": 0.2})
+    assert priced == pytest.approx(6 / 4.4)
+    both = predicted_speed(1.5, {3: 4}, cost, 2, {"every": 0.05, "step": 0.1})
+    assert both == pytest.approx(6 / (4 + 4 * 0.05 + 2 * 0.1))
+
+
+def test_the_drafters_price_moves_the_choice_to_the_rule_that_drafts_less(monkeypatch):
+    """Recorded: m = 2 has 2% more tau than m = 1 but verifies the drafter's chain on 60 of 100 steps, m = 1 on
+    20. Drafting priced free m = 2 wins; at 0.2 plain steps a drafter's step, m = 1. A record without the
+    drafter's steps is not priced as if it had none: the rules are decoded again."""
+    import headstart.eval.tuning.lookup_rule as lookup_rule
+
+    floors = {f"L=1,m=2,floor={f:g}": 1.40 for f in FLOORS}  # tried behind m = 2, slower
+    taus = {"none": 1.2, "L=1,m=1": 1.50, "L=1,m=2": 1.53, "L=1,m=3": 1.3} | floors
+    drafted = {"none": 100, "L=1,m=1": 20, "L=1,m=2": 60, "L=1,m=3": 80} | dict.fromkeys(floors, 50)
+    known = {"tau_by_rule": taus, "widths_by_rule": dict.fromkeys(taus, {"2": 100}),
+             "drafter_steps_by_rule": drafted}  # fmt: skip
+    args = (None, "medusa", None, {}, 1, [[1, 2, 3]], 8, [1], None)
+    cost, price = {1: 1.0, 2: 1.0}, {"every": 0.0, "step": 0.2}
+    free = tune_lookup_rule(*args, known, cost=cost, suffix=False)
+    assert free.min_match == 2 and free.drafter_cost is None
+    priced = tune_lookup_rule(*args, known, cost=cost, suffix=False, drafter_cost=price)
+    assert priced.min_match == 1 and priced.drafter_cost == price
+    assert priced.speed_by_rule["L=1,m=1"] == pytest.approx(1.50 / 1.04)
+    assert priced.drafter_steps_by_rule["L=1,m=2"] == 60
+
+    class Decoded(Exception):
+        pass
+
+    def decoder(*args, **kwargs):
+        raise Decoded
+
+    monkeypatch.setattr(lookup_rule, "build_decoder", decoder)
+    without = {key: value for key, value in known.items() if key != "drafter_steps_by_rule"}
+    with pytest.raises(Decoded):
+        tune_lookup_rule(*args, without, cost=cost, suffix=False, drafter_cost=price)
+    tune_lookup_rule(*args, without, cost=cost, suffix=False)  # drafting free: the record is enough
+
+
 def test_a_growing_chain_is_kept_only_where_its_wider_verifies_pay():
     """Recorded taus and widths, two cost curves: growing adds 5% tau through 10 steps of width 4; it is kept
     where width 4 costs as much as width 2, not where it costs twice a plain step."""

@@ -34,12 +34,18 @@ def heads(tmp_path):
 
 
 def decoded(decoder, prompts) -> tuple[list, int]:
-    """What the tuner kept when it decoded a rule: per prompt [tokens emitted, {width: steps}], forwards."""
+    """What the tuner keeps of a rule, decoded: per prompt [tokens emitted, {width: steps}, steps that verified
+    the drafter's chain (the lookup choice's steps less its lookup steps; every step without one)], forwards."""
     rows, forwards = [], 0
+    counts = getattr(decoder.proposer, "counts", None)
     for ids in prompts:
+        before = dict(counts) if counts is not None else None
         stats = decoder.generate(list(ids), TOKENS, temperature=0.0).stats
         widths = steps_by_width(stats.target_forwards, stats.proposed_by_position)
-        rows.append([sum(stats.accepted_per_step), {str(w): n for w, n in sorted(widths.items())}])
+        drafted = stats.target_forwards
+        if counts is not None:
+            drafted = counts["steps"] - before["steps"] - (counts["lookup"] - before["lookup"])
+        rows.append([sum(stats.accepted_per_step), {str(w): n for w, n in sorted(widths.items())}, drafted])
         forwards += stats.target_forwards
     return rows, forwards
 

@@ -36,7 +36,7 @@ def test_the_serve_check_prices_the_rule_with_vllms_steps_once(backbone, tmp_pat
     write_decoding(tmp_path, newer)
     timed, tuned = [], []
 
-    def measure(model, prompt, widest, dtype, reps=4, eager=False):
+    def measure(model, prompt, widest, dtype, reps=4, eager=False, drafter=None):
         timed.append((prompt, widest, dtype))
         return {"cost": dict(VLLM_COST), "ms": {0: 30.0} | {w: 30.0 * c for w, c in VLLM_COST.items()}}
 
@@ -122,26 +122,113 @@ def test_a_rule_tuned_without_a_tuner_record_is_kept_and_reused(backbone, tmp_pa
     assert kept["conditions"]["weights"] == weights_signature(drafter_dir)
 
 
+def test_a_drafters_price_worked_by_hand():
+    """Median step ms (0: plain) -> what the drafter adds: its engine's step less the forced verify of its width;
+    a drafter with a KV cache pays its first pass (timed at k = 1) on every step."""
+    from headstart.eval.serving.vllm_costs import drafter_engines, drafter_price
+
+    ms = {0: 50.0, 1: 50.5, 2: 51.0, 3: 52.0, "drafter": 61.0}
+    assert drafter_price(ms, 2, keeps_cache=False) == pytest.approx({"every": 0.0, "step": 0.18})
+    ms["drafter1"] = 55.0  # the first pass: 4 ms over a forced width 2
+    assert drafter_price(ms, 2, keeps_cache=True) == pytest.approx({"every": 0.08, "step": 0.10})
+    assert drafter_price(ms | {"drafter": 51.0}, 2, keeps_cache=True) == {"every": 0.0, "step": 0.0}  # noise
+    assert drafter_price({0: 50.0, 2: 51.0, "drafter": 56.0}, 1, keeps_cache=True) == pytest.approx(
+        {"every": 0.1, "step": 0.0}
+    )  # a chain of 1 is all first pass
+    medusa = {"speculative_config": {"method": "medusa", "model": "h", "num_speculative_tokens": 2}}
+    eagle = {"speculative_config": {"method": "eagle3", "model": "d", "num_speculative_tokens": 3}}
+    assert list(drafter_engines(medusa)) == ["drafter"] and drafter_engines(None) == {}
+    engines = drafter_engines(eagle)
+    assert (
+        engines["drafter1"]["speculative_config"]["num_speculative_tokens"] == 1
+        and engines["drafter"] == eagle
+    )
+
+
+def test_the_serve_check_prices_the_drafter_and_reprices_a_rule_that_priced_it_free(
+    backbone, tmp_path, monkeypatch
+):
+    """Given the drafter's engine arguments, the probe times the drafter too and the tuner gets its price; a rule
+    already priced by vLLM but with drafting free is priced again (its decodes reused), then kept."""
+    import headstart.eval.serving.vllm_costs as vllm_costs
+    import headstart.eval.tuning.lookup_rule as lookup_rule
+    from headstart.eval.serving.check import recorded_rule
+    from headstart.models.checkpoint import LoadedDrafter, build_drafter
+    from headstart.models.decoding import read_decoding, write_decoding
+    from headstart.models.medusa import MedusaConfig
+
+    heads = build_drafter("medusa", MedusaConfig(num_heads=2), backbone)
+    loaded = LoadedDrafter(heads, {"method": "medusa"})
+    free = {"k": 2, "prompts": 2, "max_new_tokens": 8, "min_match": 2, "lookup_tokens": 2, "cost_source": "vllm",
+            "tau_by_rule": {"none": 1.1}, "widths_by_rule": {"none": {"3": 4}}, "speed_by_rule": {"none": 0.7},
+            "verify_cost": {"1": 1.0, "2": 1.0, "3": 1.0}}  # fmt: skip
+    conditions = {"device": "cpu", "temperature": "greedy", "weights": "w"}
+    write_decoding(tmp_path, {"decoder": {"tree": [[0]]}, "conditions": conditions, "lookup_rule": free})
+    monkeypatch.setattr(lookup_rule, "untried_suffix", lambda rule: False)
+    monkeypatch.setattr(lookup_rule, "untried_floor", lambda rule: False)
+    price = {"every": 0.0, "step": 0.15, "k": 2, "method": "medusa", "ms": {"drafter": 60.0}}
+    asked, tuned = [], []
+
+    def measure(model, prompt, widest, dtype, reps=4, eager=False, drafter=None):
+        asked.append(drafter)
+        return {"cost": dict(VLLM_COST), "ms": {0: 30.0}, "drafter": price}
+
+    def tune(*args, known=None, cost=None, cost_source="headstart", drafter_cost=None, **kwargs):
+        tuned.append((known, drafter_cost))
+        return lookup_rule.LookupRule(
+            min_match=1, k=2, lookup_tokens=2, tau_by_rule={"none": 1.1}, prompts=2, max_new_tokens=8,
+            verify_cost={str(w): c for w, c in cost.items()}, cost_source=cost_source, predicted=1.2,
+            drafter_cost=drafter_cost,
+        )  # fmt: skip
+
+    monkeypatch.setattr(vllm_costs, "measure_in_vllm", measure)
+    monkeypatch.setattr(lookup_rule, "tune_lookup_rule", tune)
+    spec = {"speculative_config": {"method": "medusa", "model": "h", "num_speculative_tokens": 2}}
+    questions = ["What is a cat?", "Name three colours, please."]
+    served = recorded_rule(tmp_path, backbone, loaded, 2, questions, 8, "float32", spec)
+    assert asked == [spec] and tuned == [(free, price)] and served["drafter_cost"] == price
+    assert read_decoding(tmp_path, greedy=True, device="cpu")["lookup_rule"]["drafter_cost"] == price
+    again = recorded_rule(tmp_path, backbone, loaded, 2, questions, 8, "float32", spec)
+    assert again == served and len(asked) == 1  # priced with its drafter: reused
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not is_set_up(), reason="vLLM not set up (./launch.sh vllm-setup)")
 def test_vllm_steps_are_timed_by_width_against_plain_decoding(tmp_path):
-    """Two real engines on a tiny Llama: a cost for every width 1..widest, relative to the plain engine's step
-    (so of the order of 1), never falling as the verify widens nor under a plain step."""
+    """Real engines on a tiny Llama: a cost for every width 1..widest, relative to the plain engine's step (so
+    of the order of 1), never falling as the verify widens nor under a plain step; and the price of Medusa heads
+    served alone at a chain of 2, timed in the same rounds (nothing every step: the heads keep no cache)."""
+    from headstart.eval.serving.check import export_layouts, layout_spec
     from headstart.eval.serving.vllm_costs import measure_in_vllm
     from headstart.models.backbone import BackboneConfig, load_backbone
+    from headstart.models.checkpoint import build_drafter, read_meta, save_drafter
+    from headstart.models.medusa import MedusaConfig
 
     # vLLM's CPU attention takes head sizes of 32 and up
     tiny = {"seed": 0, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32}
-    backbone = load_backbone(BackboneConfig(name="tiny-costs", path="tiny", dtype="float32", tiny=tiny))
+    cfg = BackboneConfig(name="tiny-costs", path="tiny", dtype="float32", tiny=tiny)
+    backbone = load_backbone(cfg)
     target = tmp_path / "target"
     backbone.model.save_pretrained(target)
     backbone.tokenizer.save_pretrained(target)
+    heads = build_drafter("medusa", MedusaConfig(num_heads=2), backbone)
+    drafter_dir = save_drafter(tmp_path / "drafter", heads, "medusa", heads.cfg, cfg, backbone)
+    (lay,) = [
+        lay
+        for lay in export_layouts(drafter_dir, read_meta(drafter_dir), tmp_path / "export")
+        if lay.required
+    ]
     prompt = backbone.tokenizer("the cat sat on the mat. the cat sat on the")["input_ids"]
-    timed = measure_in_vllm(str(target), prompt, 4, "float32", reps=1)
+    timed = measure_in_vllm(
+        str(target), prompt, 4, "float32", reps=1, eager=True, drafter=layout_spec("medusa", lay, 2)
+    )
     cost = timed["cost"]
     assert sorted(cost) == [1, 2, 3, 4] and sorted(timed["ms"]) == [0, 1, 2, 3, 4]
     assert 1.0 <= cost[1] <= cost[2] <= cost[3] <= cost[4]
     assert cost[4] < 5  # relative to a plain step: a tiny model's verify of 4 is no 5 plain steps
+    price = timed["drafter"]
+    assert (price["k"], price["method"], price["every"]) == (2, "medusa", 0.0) and 0.0 <= price["step"] < 5
+    assert price["ms"]["drafter"] > 0 and "drafter1" not in price["ms"]
     json.dumps(timed)  # what decoding.json records
 
 
@@ -156,6 +243,12 @@ def test_the_report_holds_the_rules_prediction_beside_the_served_step_cost():
     text = "\n".join(hybrid_markdown(h, 17))
     assert "priced by vLLM's step cost by verify width on this machine" in text
     assert "1.50x; served, a vLLM step of the hybrid cost 1.34 plain steps" in text
+    assert "the drafter's own cost left out" in text
+    priced = "\n".join(hybrid_markdown(h | {"drafter_cost": {"every": 0.0, "step": 0.18}}, 17))
+    assert (
+        "the drafter's own measured in vLLM: 0.00 plain steps every step, 0.18 more a step on its chain"
+        in priced
+    )
     assert "predicted" not in "\n".join(hybrid_markdown(h | {"predicted": None}, 17))
 
 
