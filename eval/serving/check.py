@@ -241,6 +241,11 @@ def hybrid_markdown(h: dict, prompts: int) -> list[str]:
             f"({drafter_priced(h.get('drafter_cost'))}): {h['predicted']:.2f}x; served, a vLLM step of the hybrid "
             f"cost {v['tau'] / v['speedup']:.2f} plain steps (tau / speedup).",
         ]
+        if h.get("drafter_alone"):  # the drafter's own price checked where it is paid on every step
+            a = h["drafter_alone"]
+            lines[-1] += (
+                f" The drafter alone, priced alike: predicted {a['predicted']:.2f}x, served {a['served']:.2f}x."
+            )
     return lines
 
 
@@ -259,7 +264,6 @@ def recorded_rule(
     tuner's record, or without one as a rule record: models/decoding.py `rule_record`) -> models/decoding.py
     `served_rule`, or None: the drafter alone was best, so there is no hybrid to serve. A rule priced otherwise
     (not by vLLM, or its drafter priced free) is priced again (its decodes reused)."""
-    from headstart.eval.serving.vllm_costs import measure_in_vllm
     from headstart.eval.stage.prompts import chat_ids
     from headstart.eval.tuning.lookup_rule import (
         LONG_CHAIN,
@@ -296,7 +300,7 @@ def recorded_rule(
             raise ValueError(
                 "no prompts to tune the lookup rule on. Fix: --hybrid M, or more prompts in --prompts"
             )
-        from headstart.eval.engine.proposers import chain_options
+        from headstart.eval.engine.proposers import chain_options, stateless
 
         proposer = registry.proposer_of(loaded.meta["method"])
         chain, _ = chain_options(proposer, k, loaded.drafter)
@@ -304,18 +308,10 @@ def recorded_rule(
         # an older record of these prompts keeps each rule's tau and widths: only what is new is decoded
         asked = {"k": k, "prompts": len(ids), "max_new_tokens": max_new}
         same = rule and all(rule.get(key) == value for key, value in asked.items())
-        logger.info(
-            "timing vLLM's steps by verify width and the drafter's (the rule's prices; a few minutes)"
-        )
-        timed = measure_in_vllm(
-            served_model(backbone), median(ids), widest(LONG_CHAIN), dtype, eager=eager(), drafter=drafter
+        timed = vllm_prices(
+            backbone, median(ids), widest(LONG_CHAIN), dtype, drafter, not stateless(proposer)
         )
         cost, price = timed["cost"], timed.get("drafter")
-        logger.info("vLLM's step cost by width: %s", ", ".join(f"w{w} {c:.2f}" for w, c in cost.items()))
-        if price:
-            logger.info(
-                "the drafter's: %.3f every step, %.3f more a step on its chain", price["every"], price["step"]
-            )
         tuned = tune_lookup_rule(
             backbone, proposer, loaded, chain, k, ids, max_new, lookup_lengths(k), LONG_CHAIN,
             known=rule if same else None, cost=cost, cost_source="vllm", drafter_cost=price,
@@ -331,7 +327,31 @@ def recorded_rule(
     priced = {"predicted": rule.get("predicted"), "cost_source": rule["cost_source"]}  # "vllm" by now
     priced["vllm_step_ms"] = rule.get("vllm_step_ms")  # the probe's medians behind the prices, in the report
     priced["drafter_cost"] = rule.get("drafter_cost")
+    priced["predicted_alone"] = rule.get("speed_by_rule", {}).get("none")  # the drafter alone, priced alike
     return None if served is None else served | priced
+
+
+def vllm_prices(backbone, context, widest, dtype, drafter: dict | None, keeps_cache: bool) -> dict:
+    """eval/serving/vllm_costs.py's probe after `context`: vLLM's step cost by verify width 1..`widest` and, given
+    `drafter` (engine arguments serving it alone; `keeps_cache`: a first pass every step), the drafter's price."""
+    from headstart.eval.serving.vllm_costs import measure_in_vllm
+
+    logger.info("timing vLLM's steps by verify width and the drafter's (the rule's prices; a few minutes)")
+    timed = measure_in_vllm(
+        served_model(backbone),
+        context,
+        widest,
+        dtype,
+        eager=eager(),
+        drafter=drafter,
+        keeps_cache=keeps_cache,
+    )
+    logger.info("vLLM's step cost by width: %s", ", ".join(f"w{w} {c:.2f}" for w, c in timed["cost"].items()))
+    if price := timed.get("drafter"):
+        logger.info(
+            "the drafter's: %.3f every step, %.3f more a step on its chain", price["every"], price["step"]
+        )
+    return timed
 
 
 def hybrid_rule(
@@ -363,13 +383,19 @@ def hybrid_spec(method: str, lay, rule: dict) -> dict:
     return extras | {"additional_config": plugin_serving(rule)[1], "async_scheduling": False}
 
 
-def hybrid_summary(runs: dict, errors: dict, rule: dict) -> dict:
+def hybrid_summary(runs: dict, errors: dict, rule: dict, alone: str | None = None) -> dict:
     """The hybrid in both engines: tau, acceptance by position, speedup over each engine's plain decoding, tau
-    agreement (vLLM within TAU_TOLERANCE of ours) and greedy outputs equal to vLLM's plain ones."""
+    agreement (vLLM within TAU_TOLERANCE of ours) and greedy outputs equal to vLLM's plain ones; and the drafter
+    alone (vLLM engine `alone`) as the rule's prices predicted it and as served."""
     out = dict(rule) | {"loaded": "vllm:hybrid" in runs}
     if not out["loaded"]:
         return out | {"error": errors.get("vllm:hybrid", "")}
     them, ours, plain = runs["vllm:hybrid"], runs["ours:hybrid"], runs["vllm:plain"]
+    if alone in runs and plain.tokens_per_s and rule.get("predicted_alone") is not None:
+        out["drafter_alone"] = {
+            "predicted": rule["predicted_alone"],
+            "served": runs[alone].tokens_per_s / plain.tokens_per_s,
+        }
     return out | {
         "vllm": {"tau": them.tau, "position_rates": them.position_rates, "tokens_per_s": them.tokens_per_s,
                  "speedup": them.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s else None},
@@ -466,7 +492,7 @@ def serve_check(
         },
         "layouts": rows,
         "baselines": baselines,
-        "hybrid": hybrid_summary(runs, errors, rule) if rule is not None else None,
+        "hybrid": hybrid_summary(runs, errors, rule, f"vllm:{served.name}") if rule is not None else None,
         "failures": failures,
         "notes": notes,
         "passed": not failures,

@@ -56,11 +56,13 @@ def measure(
     tokens: int = TOKENS,
     eager: bool = False,
     drafter: dict | None = None,
+    keeps_cache: bool = False,
 ) -> dict:
     """{"ms": {w: median step ms}, "cost": {w: cost}} for widths 1..`widest` (w 0: the plain engine), run here;
     `eager`: vLLM's enforce_eager, as the serve check's engines run (headstart/vllm_runner.py `eager`). With
     `drafter` (the engine arguments that serve the drafter alone: its speculative_config drafting k, and what its
-    export needs) also "drafter": `drafter_price` of its steps, timed in the same rounds."""
+    export needs; `keeps_cache`: it makes a first pass every step) also "drafter": `drafter_price` of its steps,
+    timed in the same rounds."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engines in this process: their steps timed here
     from vllm import LLM, SamplingParams
     from vllm.v1.engine.llm_engine import LLMEngine
@@ -71,7 +73,7 @@ def measure(
              "prompt_lookup_max": 1}  # fmt: skip
     # the n-gram engine last: an engine started after it fails vLLM's start-up scan of loaded modules (numba's)
     engines = {"plain": LLM(model, **common)}
-    for name, extras in drafter_engines(drafter).items():
+    for name, extras in drafter_engines(drafter, keeps_cache).items():
         engines[name] = LLM(model, **common | extras)
     engines["spec"] = LLM(model, speculative_config=ngram, **common)
     runs = [(w, "spec" if w else "plain") for w in range(widest + 1)]  # (what is timed, the engine timing it)
@@ -105,10 +107,8 @@ def measure(
         out, times["on"] = times["on"], None
         return out[1:]  # the first step is the prefill's
 
-    for (
-        key,
-        engine,
-    ) in runs:  # first calls (a new shape, the sampler's first batch of drafts) out of the timing
+    # first calls (a new shape, the sampler's first batch of drafts) out of the timing
+    for key, engine in runs:
         decode(key, engine, 4)
     steps: dict = {key: [] for key, _ in runs}
     for r in range(reps):
@@ -121,24 +121,18 @@ def measure(
         spec = drafter["speculative_config"]
         k, method = spec["num_speculative_tokens"], spec["method"]
         timed = {name: round(ms[name], 3) for name in ("drafter", "drafter1") if name in ms}  # kept beside
-        out["drafter"] = drafter_price(ms, k, stateful(method)) | {"k": k, "method": method, "ms": timed}
+        out["drafter"] = drafter_price(ms, k, keeps_cache) | {"k": k, "method": method, "ms": timed}
     return out
 
 
-def stateful(method: str) -> bool:
-    """Whether a vLLM speculative method's drafter keeps a KV cache, so makes a first pass every step (all but
-    Medusa's heads, which read only the step's hidden state)."""
-    return method != "medusa"
-
-
-def drafter_engines(drafter: dict | None) -> dict[str, dict]:
+def drafter_engines(drafter: dict | None, keeps_cache: bool) -> dict[str, dict]:
     """{name: engine arguments} of the engines that price a drafter: "drafter" serving it alone at its chain of
-    k, and for a stateful one "drafter1" at k = 1 (its first pass); none without a drafter."""
+    k, and for one that `keeps_cache` "drafter1" at k = 1 (its first pass); none without a drafter."""
     if not drafter:
         return {}
     engines = {"drafter": drafter}
     spec = drafter["speculative_config"]
-    if stateful(spec["method"]) and spec["num_speculative_tokens"] > 1:
+    if keeps_cache and spec["num_speculative_tokens"] > 1:
         engines["drafter1"] = drafter | {"speculative_config": spec | {"num_speculative_tokens": 1}}
     return engines
 
@@ -171,17 +165,18 @@ def relative_costs(ms: dict[int, float]) -> dict[int, float]:
 
 def measure_in_vllm(
     model: str, prompt: list[int], widest: int, dtype: str, reps: int = REPS, eager: bool = False,
-    drafter: dict | None = None,
+    drafter: dict | None = None, keeps_cache: bool = False,
 ) -> dict:  # fmt: skip
     """`measure` run by vLLM's environment (headstart/vllm_runner.py's venv) -> {"cost": {w: cost}} for widths
     1..widest, a plain step = 1, and {"ms": {w: median step ms}} for widths 0 (the plain engine) ..widest, what the
-    costs were fitted to (kept beside them: runs of the probe differ); with `drafter` (its engine arguments) also
-    "drafter": its price (`drafter_price`). Raises VllmError with the run's last line when it fails."""
+    costs were fitted to (kept beside them: runs of the probe differ); with `drafter` (its engine arguments;
+    `keeps_cache`: it makes a first pass every step) also "drafter": its price (`drafter_price`). Raises VllmError with the run's last line when it fails."""
     from headstart.vllm_runner import VllmError, venv_dir
 
     cmd = [str(venv_dir() / "bin" / "python"), "-m", "headstart.eval.serving.vllm_costs", "--model", model,
            "--prompt-ids", json.dumps(prompt), "--widest", str(widest), "--dtype", dtype, "--reps", str(reps),
-           *(["--eager"] if eager else []), *(["--drafter", json.dumps(drafter)] if drafter else [])]  # fmt: skip
+           *(["--eager"] if eager else []), *(["--drafter", json.dumps(drafter)] if drafter else []),
+           *(["--drafter-keeps-cache"] if keeps_cache else [])]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": ""}  # nothing of the project's venv leaks in
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     found = [line for line in out.stdout.splitlines() if line.startswith(PREFIX)]
@@ -209,11 +204,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--drafter", default=None, help="JSON: the engine arguments serving the drafter alone (its price)"
     )
+    p.add_argument(
+        "--drafter-keeps-cache", action="store_true", help="the drafter makes a first pass every step (EAGLE)"
+    )
     args = p.parse_args(argv)
     raw = args.prompt_ids
     prompt = json.loads(Path(raw).read_text() if not raw.lstrip().startswith("[") else raw)
     drafter = json.loads(args.drafter) if args.drafter else None
-    result = measure(args.model, prompt, args.widest, args.dtype, args.reps, args.tokens, args.eager, drafter)
+    result = measure(
+        args.model, prompt, args.widest, args.dtype, args.reps, args.tokens, args.eager, drafter,
+        args.drafter_keeps_cache,
+    )  # fmt: skip
     print(PREFIX + json.dumps(result), flush=True)
     print(" ".join(f"w{w} {c:.2f}" for w, c in result["cost"].items()), file=sys.stderr)
     if drafter:

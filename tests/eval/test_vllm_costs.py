@@ -36,7 +36,7 @@ def test_the_serve_check_prices_the_rule_with_vllms_steps_once(backbone, tmp_pat
     write_decoding(tmp_path, newer)
     timed, tuned = [], []
 
-    def measure(model, prompt, widest, dtype, reps=4, eager=False, drafter=None):
+    def measure(model, prompt, widest, dtype, reps=4, eager=False, drafter=None, keeps_cache=False):
         timed.append((prompt, widest, dtype))
         return {"cost": dict(VLLM_COST), "ms": {0: 30.0} | {w: 30.0 * c for w, c in VLLM_COST.items()}}
 
@@ -125,6 +125,7 @@ def test_a_rule_tuned_without_a_tuner_record_is_kept_and_reused(backbone, tmp_pa
 def test_a_drafters_price_worked_by_hand():
     """Median step ms (0: plain) -> what the drafter adds: its engine's step less the forced verify of its width;
     a drafter with a KV cache pays its first pass (timed at k = 1) on every step."""
+    from headstart.eval.engine.proposers import stateless
     from headstart.eval.serving.vllm_costs import drafter_engines, drafter_price
 
     ms = {0: 50.0, 1: 50.5, 2: 51.0, 3: 52.0, "drafter": 61.0}
@@ -137,8 +138,11 @@ def test_a_drafters_price_worked_by_hand():
     )  # a chain of 1 is all first pass
     medusa = {"speculative_config": {"method": "medusa", "model": "h", "num_speculative_tokens": 2}}
     eagle = {"speculative_config": {"method": "eagle3", "model": "d", "num_speculative_tokens": 3}}
-    assert list(drafter_engines(medusa)) == ["drafter"] and drafter_engines(None) == {}
-    engines = drafter_engines(eagle)
+    assert (
+        list(drafter_engines(medusa, keeps_cache=False)) == ["drafter"] and drafter_engines(None, False) == {}
+    )
+    assert stateless("medusa") and not stateless("eagle3") and not stateless("draft")  # who keeps a cache
+    engines = drafter_engines(eagle, keeps_cache=True)
     assert (
         engines["drafter1"]["speculative_config"]["num_speculative_tokens"] == 1
         and engines["drafter"] == eagle
@@ -169,8 +173,8 @@ def test_the_serve_check_prices_the_drafter_and_reprices_a_rule_that_priced_it_f
     price = {"every": 0.0, "step": 0.15, "k": 2, "method": "medusa", "ms": {"drafter": 60.0}}
     asked, tuned = [], []
 
-    def measure(model, prompt, widest, dtype, reps=4, eager=False, drafter=None):
-        asked.append(drafter)
+    def measure(model, prompt, widest, dtype, reps=4, eager=False, drafter=None, keeps_cache=False):
+        asked.append((drafter, keeps_cache))  # Medusa's heads keep no cache
         return {"cost": dict(VLLM_COST), "ms": {0: 30.0}, "drafter": price}
 
     def tune(*args, known=None, cost=None, cost_source="headstart", drafter_cost=None, **kwargs):
@@ -186,7 +190,7 @@ def test_the_serve_check_prices_the_drafter_and_reprices_a_rule_that_priced_it_f
     spec = {"speculative_config": {"method": "medusa", "model": "h", "num_speculative_tokens": 2}}
     questions = ["What is a cat?", "Name three colours, please."]
     served = recorded_rule(tmp_path, backbone, loaded, 2, questions, 8, "float32", spec)
-    assert asked == [spec] and tuned == [(free, price)] and served["drafter_cost"] == price
+    assert asked == [(spec, False)] and tuned == [(free, price)] and served["drafter_cost"] == price
     assert read_decoding(tmp_path, greedy=True, device="cpu")["lookup_rule"]["drafter_cost"] == price
     again = recorded_rule(tmp_path, backbone, loaded, 2, questions, 8, "float32", spec)
     assert again == served and len(asked) == 1  # priced with its drafter: reused
@@ -249,7 +253,28 @@ def test_the_report_holds_the_rules_prediction_beside_the_served_step_cost():
         "the drafter's own measured in vLLM: 0.00 plain steps every step, 0.18 more a step on its chain"
         in priced
     )
+    alone = "\n".join(hybrid_markdown(h | {"drafter_alone": {"predicted": 1.112, "served": 1.09}}, 17))
+    assert "The drafter alone, priced alike: predicted 1.11x, served 1.09x." in alone
     assert "predicted" not in "\n".join(hybrid_markdown(h | {"predicted": None}, 17))
+
+
+def test_the_hybrid_summary_holds_the_drafter_alone_predicted_and_served():
+    from types import SimpleNamespace
+
+    from headstart.eval.serving.check import hybrid_summary
+
+    def run(tau: float, rate: float):
+        return SimpleNamespace(tau=tau, position_rates=[0.4], tokens_per_s=rate, outputs=[[1, 2]])
+
+    runs = {"vllm:plain": run(1.0, 20.0), "ours:plain": run(1.0, 10.0), "vllm:hybrid": run(1.6, 28.0),
+            "ours:hybrid": run(1.6, 13.0), "vllm:medusa-vllm": run(1.3, 22.0)}  # fmt: skip
+    rule = {"k": 2, "min_match": 2, "predicted_alone": 1.12}
+    h = hybrid_summary(runs, {}, rule, "vllm:medusa-vllm")
+    assert h["drafter_alone"] == pytest.approx({"predicted": 1.12, "served": 1.1})
+    assert h["vllm"]["speedup"] == pytest.approx(1.4) and h["agree_with_vllm_plain"] == 1
+    assert "drafter_alone" not in hybrid_summary(
+        runs, {}, rule | {"predicted_alone": None}, "vllm:medusa-vllm"
+    )
 
 
 def test_costs_are_the_non_decreasing_fit_never_under_a_plain_step():

@@ -133,3 +133,26 @@ def test_a_drafter_with_the_lookup_chain_serves_as_in_headstart(tmp_path, method
     print(f"{method} hybrid: tau vLLM {theirs:.3f}, headstart {tau:.3f}")
     # a lookup searched in a stale context (the row before the step's tokens) cost vLLM 8.5% of tau here
     assert 0.95 <= theirs / tau <= 1.05, (theirs, tau, counters)
+
+
+def test_the_probe_prices_an_eagle3_drafters_first_pass_apart(tmp_path):
+    """eval/serving/vllm_costs.py with an EAGLE-3 drafter (a KV cache: a first pass every step): a second
+    drafter engine at k = 1 prices that pass; both parts come back, in plain steps, beside the widths' costs."""
+    from headstart.eval.serving.check import export_layouts, layout_spec
+    from headstart.eval.serving.vllm_costs import measure_in_vllm
+
+    drafter_dir = train_tiny(tmp_path, "llama", "eagle3", SERVABLE | {"num_hidden_layers": 8})
+    meta = read_meta(drafter_dir)
+    backbone = load_backbone(BackboneConfig(**{**meta["backbone"], "dtype": "float32"}))
+    target = tmp_path / "target"
+    backbone.model.save_pretrained(target)
+    backbone.tokenizer.save_pretrained(target)
+    lay = next(lay for lay in export_layouts(drafter_dir, meta, tmp_path / "export") if lay.required)
+    prompt = backbone.tokenizer(TEXTS[0])["input_ids"]
+    timed = measure_in_vllm(
+        str(target), prompt, 4, "float32", reps=1, eager=True, drafter=layout_spec("eagle3", lay, 2),
+        keeps_cache=True,
+    )  # fmt: skip
+    price = timed["drafter"]
+    assert (price["k"], price["method"]) == (2, "eagle3") and set(price["ms"]) == {"drafter", "drafter1"}
+    assert price["every"] >= 0.0 and price["step"] >= 0.0 and price["every"] + price["step"] < 5

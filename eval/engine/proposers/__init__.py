@@ -54,6 +54,15 @@ def chain_options(method: str, k: int, drafter) -> tuple[dict, int]:
     return resolve(PROPOSERS[method].partition(":")[0] + ":chain_options")(k, drafter)
 
 
+def stateless(method: str) -> bool:
+    """Whether `method`'s proposer keeps nothing between steps (its module's STATELESS: Medusa's heads), so a step
+    that verifies a lookup chain skips it (lookup_choice.py; vLLM with headstart's plugin); a drafter with a KV
+    cache runs every step."""
+    import importlib
+
+    return getattr(importlib.import_module(PROPOSERS[method].partition(":")[0]), "STATELESS", False)
+
+
 def tuning(method: str, backbone, **served):
     """The proposer's hooks for the decoding tuner (eval/tuning/tuner.py: `table`, `probe`, `settings`, `chain`,
     `draft_steps`, `max_chain`) over the drafter's serving options, or None when the tuner has no model of it

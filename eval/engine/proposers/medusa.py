@@ -83,8 +83,11 @@ def draft_function(step: DraftStep, compile: bool, device: torch.device):
     return draft
 
 
+STATELESS = True  # propose() reads the kept hidden state and changes nothing (lookup_choice.py skips it)
+
+
 class MedusaProposer:
-    stateless = True  # propose() reads the kept hidden state and changes nothing (lookup_choice.py skips it)
+    stateless = STATELESS
 
     def __init__(self, heads: MedusaHeads, tree: Tree, device: torch.device, compile: bool = False) -> None:
         check_fits_heads(tree, len(heads.blocks))
