@@ -16,8 +16,8 @@ chained tokens over a prompt's cache): predicted speed = tokens emitted / the st
 has the drafter's own price too (`drafter_cost`, the serve check's: what a drafter's step adds in vLLM, and what a
 drafter with a KV cache adds to every step), the steps that verify the drafter's chain pay it, so a rule that
 takes more lookup steps saves what the drafter would have cost there; without it drafting is priced free. The
-best speed wins; among rules within SLACK of it the shortest L (the narrower
-verify) and the largest m (fewer drafts replaced). The chosen (L, m) is then tried with chains that grow with
+best speed wins; among rules within SLACK of it the shortest L (the narrower verify) and the largest m (fewer
+drafts replaced). The chosen (L, m) is then tried with chains that grow with
 their match (suffix decoding's rule: a match of n > L tokens verifies n) up to each of GROWTH, kept when its
 predicted speed is higher: growth changes only the steps whose match is longer than L, and their wider verifies
 are priced. A rule kept at m >= 2 is then tried with a drafter floor at each of FLOORS (eval/engine/
