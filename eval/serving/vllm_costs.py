@@ -120,8 +120,9 @@ def measure(
     if drafter:
         spec = drafter["speculative_config"]
         k, method = spec["num_speculative_tokens"], spec["method"]
-        timed = {name: round(ms[name], 3) for name in ("drafter", "drafter1") if name in ms}  # kept beside
-        out["drafter"] = drafter_price(ms, k, keeps_cache) | {"k": k, "method": method, "ms": timed}
+        # the drafter engines' medians, kept beside the price
+        drafter_ms = {name: round(ms[name], 3) for name in ("drafter", "drafter1") if name in ms}
+        out["drafter"] = drafter_price(ms, k, keeps_cache) | {"k": k, "method": method, "ms": drafter_ms}
     return out
 
 
@@ -170,7 +171,8 @@ def measure_in_vllm(
     """`measure` run by vLLM's environment (headstart/vllm_runner.py's venv) -> {"cost": {w: cost}} for widths
     1..widest, a plain step = 1, and {"ms": {w: median step ms}} for widths 0 (the plain engine) ..widest, what the
     costs were fitted to (kept beside them: runs of the probe differ); with `drafter` (its engine arguments;
-    `keeps_cache`: it makes a first pass every step) also "drafter": its price (`drafter_price`). Raises VllmError with the run's last line when it fails."""
+    `keeps_cache`: it makes a first pass every step) also "drafter": its price (`drafter_price`). Raises VllmError
+    with the run's last line when it fails."""
     from headstart.vllm_runner import VllmError, venv_dir
 
     cmd = [str(venv_dir() / "bin" / "python"), "-m", "headstart.eval.serving.vllm_costs", "--model", model,
